@@ -1,0 +1,34 @@
+# qwenctxd — developer entry points. `make install && make run`; `make test`.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: install run test bench lint clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "qwenctxd needs Python 3.11+ (set PYTHON=...)")'
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	@touch $(STAMP)
+
+# The daemon in the foreground; logs on stderr (console on a terminal, JSON otherwise).
+run: install
+	$(BIN)/qwenctxd
+
+# The whole suite. pytest's exit 5 ("no tests ran") is a failure here, never a pass.
+test: install
+	@$(BIN)/python -m pytest -q; rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make test: no tests ran — failing"; exit 1; fi; exit $$rc
+
+bench: install
+	$(BIN)/python -m bench
+
+lint: install
+	$(BIN)/ruff check qwenctxd clients tests bench
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""qwenctl: the command-line client of qwenctxd (status, drain, stop, sessions, memory, ...)."""

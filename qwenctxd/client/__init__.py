@@ -1,0 +1,26 @@
+"""The qwenctxd client library: a blocking ``Client`` and an anyio ``AsyncClient``.
+
+Both speak either framing and raise ``RemoteError`` (the daemon's JSON-RPC error, with code,
+message and data) or ``DaemonUnreachable``. ``Client`` imports no anyio, for fast CLIs.
+"""
+
+from qwenctxd.client.errors import ClientError, ConnectionLost, DaemonUnreachable, RemoteError
+from qwenctxd.client.sync import Client, call
+
+__all__ = [
+    "AsyncClient",
+    "Client",
+    "ClientError",
+    "ConnectionLost",
+    "DaemonUnreachable",
+    "RemoteError",
+    "call",
+]
+
+
+def __getattr__(name: str) -> object:
+    if name == "AsyncClient":
+        from qwenctxd.client.aio import AsyncClient
+
+        return AsyncClient
+    raise AttributeError(name)

@@ -1,0 +1,155 @@
+"""Blocking client: one socket, either framing, request/notify/batch with typed results.
+
+Cheap to import (no anyio): qwenctl uses it so that a one-shot command starts fast.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import socket
+from pathlib import Path
+from typing import Any, TypeVar
+
+import msgspec
+
+from qwenctxd.client.errors import ConnectionLost, DaemonUnreachable, RemoteError
+from qwenctxd.paths import socket_path
+from qwenctxd.protocol.framing import MAX_FRAME_BYTES, Framing, encode, parse_content_length
+
+T = TypeVar("T")
+_encoder = msgspec.json.Encoder()
+
+
+class Client:
+    """A connection to the daemon. Use as a context manager or call ``close()``."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | None = None,
+        *,
+        framing: Framing = Framing.NDJSON,
+        timeout: float | None = 30.0,
+    ) -> None:
+        self.path = socket_path(path)
+        self.framing = framing
+        self._ids = itertools.count(1)
+        self._buf = bytearray()
+        self.notifications: list[dict[str, Any]] = []
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(timeout)
+        try:
+            sock.connect(str(self.path))
+        except FileNotFoundError:
+            sock.close()
+            raise DaemonUnreachable(str(self.path), "no socket file") from None
+        except ConnectionRefusedError:
+            sock.close()
+            raise DaemonUnreachable(str(self.path), "connection refused (stale socket?)") from None
+        except OSError as exc:
+            sock.close()
+            raise DaemonUnreachable(str(self.path), exc.strerror or type(exc).__name__) from None
+        self._sock = sock
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._sock.close()
+
+    # -- raw frames --------------------------------------------------------------------------
+    def send_raw(self, body: bytes) -> None:
+        self._sock.sendall(encode(body, self.framing))
+
+    def _recv_more(self) -> None:
+        chunk = self._sock.recv(65536)
+        if not chunk:
+            raise ConnectionLost("daemon closed the connection")
+        self._buf += chunk
+
+    def read_frame(self) -> bytes:
+        buf = self._buf
+        if self.framing is Framing.NDJSON:
+            while True:
+                idx = buf.find(b"\n")
+                if idx >= 0:
+                    line = bytes(buf[:idx])
+                    del buf[: idx + 1]
+                    if line.strip():
+                        return line
+                    continue
+                if len(buf) > MAX_FRAME_BYTES + 1:
+                    raise ConnectionLost("reply over the frame cap")
+                self._recv_more()
+        while True:
+            idx = buf.find(b"\r\n\r\n")
+            if idx >= 0:
+                length = parse_content_length(bytes(buf[:idx]).lstrip())
+                start = idx + 4
+                while len(buf) < start + length:
+                    self._recv_more()
+                body = bytes(buf[start : start + length])
+                del buf[: start + length]
+                return body
+            self._recv_more()
+
+    # -- JSON-RPC ----------------------------------------------------------------------------
+    def call(self, method: str, params: Any = None, *, type: type[T] | None = None) -> Any:
+        """Send a request and wait for its reply; server notifications are kept aside."""
+        rid = next(self._ids)
+        req: dict[str, Any] = {"jsonrpc": "2.0", "method": method, "id": rid}
+        if params is not None:
+            req["params"] = params
+        self.send_raw(_encoder.encode(req))
+        while True:
+            msg = msgspec.json.decode(self.read_frame())
+            if isinstance(msg, dict) and "method" in msg and "id" not in msg:
+                self.notifications.append(msg)
+                continue
+            if not isinstance(msg, dict) or msg.get("id") != rid:
+                raise ConnectionLost(f"unexpected reply {str(msg)[:200]}")
+            if "error" in msg:
+                raise RemoteError.from_wire(msg["error"])
+            result = msg.get("result")
+            return msgspec.convert(result, type) if type is not None else result
+
+    def notify(self, method: str, params: Any = None) -> None:
+        req: dict[str, Any] = {"jsonrpc": "2.0", "method": method}
+        if params is not None:
+            req["params"] = params
+        self.send_raw(_encoder.encode(req))
+
+    def batch(self, calls: list[tuple[str, Any]]) -> list[Any]:
+        """Send ``[(method, params), ...]`` as one batch; replies in request order.
+
+        Each element of the returned list is the result, or a RemoteError instance.
+        """
+        first = next(self._ids)
+        reqs = []
+        for i, (method, params) in enumerate(calls):
+            req: dict[str, Any] = {"jsonrpc": "2.0", "method": method, "id": first + i}
+            if params is not None:
+                req["params"] = params
+            reqs.append(req)
+        for _ in range(len(calls) - 1):
+            next(self._ids)
+        self.send_raw(_encoder.encode(reqs))
+        replies = msgspec.json.decode(self.read_frame())
+        if isinstance(replies, dict):  # a whole-batch error
+            raise RemoteError.from_wire(replies.get("error", {}))
+        by_id = {r.get("id"): r for r in replies}
+        out: list[Any] = []
+        for req in reqs:
+            r = by_id.get(req["id"], {"error": {"code": -32603, "message": "no reply"}})
+            out.append(RemoteError.from_wire(r["error"]) if "error" in r else r.get("result"))
+        return out
+
+
+def call(method: str, params: Any = None, *, path: str | Path | None = None,
+         timeout: float | None = 30.0) -> Any:
+    """One-shot helper: connect, call, close."""
+    with Client(path, timeout=timeout) as c:
+        return c.call(method, params)

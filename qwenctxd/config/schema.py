@@ -1,0 +1,124 @@
+"""The settings schema: every key the daemon reads, its type, bounds and default.
+
+Qwen Code keys (``~/.qwen/settings.json``, ``<project>/.qwen/settings.json``) keep their upstream
+names and meanings (reference/qwen-code-facts.md §9); unknown keys in those files are ignored so
+an existing Qwen Code settings file loads unchanged. Daemon-only keys live under ``daemon`` and
+``model_endpoint`` and normally come from ``$XDG_CONFIG_HOME/qwenctxd/config.toml``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+from msgspec import Meta
+
+Fraction = Annotated[float, Meta(ge=0.01, le=1.0)]
+PositiveInt = Annotated[int, Meta(ge=1)]
+NonNegInt = Annotated[int, Meta(ge=0)]
+PositiveFloat = Annotated[float, Meta(gt=0)]
+
+
+class _Section(msgspec.Struct, kw_only=True, rename="camel"):
+    """Settings sections use camelCase keys on disk, as Qwen Code does."""
+
+
+class ClearContextOnIdle(_Section):
+    tool_results_threshold_minutes: NonNegInt = 60
+    tool_results_num_to_keep: NonNegInt = 5
+    tool_results_total_chars_threshold: PositiveInt = 200_000
+
+
+class ContextSettings(_Section):
+    file_name: str | list[str] = msgspec.field(default_factory=lambda: ["QWEN.md", "AGENTS.md"])
+    import_format: Literal["tree", "flat"] = "tree"
+    include_directories: list[str] = msgspec.field(default_factory=list)
+    load_from_include_directories: bool = False
+    auto_compact_threshold: Fraction = 0.7
+    max_file_bytes: PositiveInt = 64 * 1024
+    clear_context_on_idle: ClearContextOnIdle = msgspec.field(default_factory=ClearContextOnIdle)
+
+
+class MemorySettings(_Section):
+    enable_managed_auto_memory: bool = True
+    enable_managed_auto_dream: bool = True
+    enable_auto_skill: bool = False
+    auto_skill_confirm: bool = True
+    agent_timeout_minutes: Annotated[float, Meta(ge=0)] | None = None
+    enable_team_memory: bool = False
+
+
+class SkillsSettings(_Section):
+    disabled: list[str] = msgspec.field(default_factory=list)
+    default_disabled: list[str] = msgspec.field(default_factory=list)
+    enabled: list[str] = msgspec.field(default_factory=list)
+    directories: list[str] = msgspec.field(default_factory=list)
+    disabled_levels: list[str] = msgspec.field(default_factory=list)
+
+
+class ChatCompression(_Section):
+    image_token_estimate: PositiveInt = 1_600
+    max_recent_files_to_retain: NonNegInt = 5
+    max_recent_images_to_retain: NonNegInt = 3
+    enable_screenshot_trigger: bool = True
+    screenshot_trigger_threshold: PositiveInt = 50
+
+
+class GenerationConfig(_Section):
+    context_window_size: PositiveInt | None = None
+
+
+class ModelSettings(_Section):
+    name: str | None = None
+    chat_compression: ChatCompression = msgspec.field(default_factory=ChatCompression)
+    generation_config: GenerationConfig = msgspec.field(default_factory=GenerationConfig)
+
+
+class ModelEndpoint(msgspec.Struct, kw_only=True):
+    """Where side queries go (OPENAI_BASE_URL / OPENAI_API_KEY / OPENAI_MODEL in the env)."""
+
+    base_url: str | None = None
+    api_key: str | None = None
+    model: str | None = None
+    fast_model: str | None = None
+    timeout_s: PositiveFloat = 60.0
+
+    @property
+    def configured(self) -> bool:
+        return bool(self.base_url and self.model)
+
+
+class DaemonSettings(msgspec.Struct, kw_only=True):
+    """Daemon-only keys (config.toml ``[daemon]``)."""
+
+    socket: str | None = None
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_format: Literal["auto", "json", "console"] = "auto"
+    drain_timeout_s: PositiveFloat = 20.0
+    max_connections: PositiveInt = 256
+    max_frame_bytes: Annotated[int, Meta(ge=1024, le=16 * 1024 * 1024)] = 16 * 1024 * 1024
+    uvloop: bool = True
+
+
+class Settings(msgspec.Struct, kw_only=True, rename={"fast_model": "fastModel"}):
+    """The merged view the daemon reads. Unknown top-level keys are ignored."""
+
+    context: ContextSettings = msgspec.field(default_factory=ContextSettings)
+    memory: MemorySettings = msgspec.field(default_factory=MemorySettings)
+    skills: SkillsSettings = msgspec.field(default_factory=SkillsSettings)
+    model: ModelSettings = msgspec.field(default_factory=ModelSettings)
+    fast_model: str = ""
+    daemon: DaemonSettings = msgspec.field(default_factory=DaemonSettings)
+    model_endpoint: ModelEndpoint = msgspec.field(default_factory=ModelEndpoint)
+
+    def endpoint(self) -> ModelEndpoint:
+        """The endpoint with settings.json's ``fastModel`` and ``model.name`` filled in where
+        config.toml and the environment (OPENAI_MODEL, QWENCTXD_FAST_MODEL) set nothing, as
+        Qwen Code lets OPENAI_MODEL override ``model.name``."""
+        ep = self.model_endpoint
+        changes: dict[str, str] = {}
+        if ep.fast_model is None and self.fast_model:
+            changes["fast_model"] = self.fast_model
+        if ep.model is None and self.model.name:
+            changes["model"] = self.model.name
+        return msgspec.structs.replace(ep, **changes) if changes else ep

@@ -1,0 +1,507 @@
+"""The model client: every side query the daemon sends to the OpenAI-compatible endpoint.
+
+:class:`ModelClient` wraps ``openai.AsyncOpenAI`` for the chat-completions calls the daemon
+makes (summaries, extraction, ranking): plain completions, streamed completions and structured
+JSON output. It owns the policy around those calls:
+
+* ``openai`` is imported lazily, in a worker thread, on the first call (it costs about a second
+  and the daemon's start-up budget forbids importing it eagerly);
+* one attempt per call (SDK retries off), with the SDK timeout *and* a hard ``anyio.fail_after``
+  deadline, so no call outlives its timeout even when the server drips bytes;
+* every failure becomes :class:`~qwenctxd.protocol.errors.ModelUnavailable` with
+  ``data["reason"]`` one of ``not_configured``, ``timeout``, ``connection``, ``http_<status>``,
+  ``invalid_json``, ``stream_cut``, ``empty`` or ``api_error``; messages never carry the API key
+  or reply contents, and failures are logged at warning level without message contents;
+* ``complete_json`` asks for ``json_schema`` output and falls back once (and from then on, per
+  endpoint and model) to ``json_object`` with the schema in the system prompt when the endpoint
+  rejects ``json_schema`` (llama.cpp answers HTTP 500).
+
+One ``AsyncOpenAI`` (and its connection pool) is kept per (base_url, api_key); ``update()``
+swaps the endpoint on config reload and retires the old client once its calls finish. A
+``ModelClient`` belongs to one event loop; call ``aclose()`` when done.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import time
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from types import ModuleType, TracebackType
+from typing import TYPE_CHECKING, Any, Self, TypeVar
+
+import anyio
+import structlog
+
+from qwenctxd.config.schema import ModelEndpoint
+from qwenctxd.model.results import (
+    Completion,
+    Message,
+    ToolCallAccumulator,
+    dump_model,
+    parse_json_reply,
+    reason_of,
+    safe_url,
+    unavailable,
+    url_problem,
+    usage_dict,
+    with_schema_instruction,
+)
+from qwenctxd.protocol.errors import ModelUnavailable
+
+if TYPE_CHECKING:
+    from openai import AsyncOpenAI
+
+__all__ = ["Completion", "DeltaCallback", "Message", "ModelClient", "parse_json_reply"]
+
+log = structlog.get_logger(__name__)
+
+T = TypeVar("T")
+DeltaCallback = Callable[[str], Awaitable[None] | None]
+
+_SCHEMA_REJECTED = frozenset({"http_400", "http_422", "http_500"})
+
+
+@dataclass(slots=True)
+class _Slot:
+    """An ``AsyncOpenAI`` for one (base_url, api_key) and the calls using it."""
+
+    client: AsyncOpenAI
+    key: tuple[str | None, str | None]
+    inflight: int = 0
+    retired: bool = False
+
+
+@dataclass(slots=True)
+class _Call:
+    """Per-call bookkeeping for logs and counters."""
+
+    op: str
+    model: str | None = None
+    error_type: str | None = None
+    started: float = field(default_factory=time.monotonic)
+
+
+@dataclass(slots=True)
+class _Request:
+    model: str
+    timeout: float
+    kwargs: dict[str, Any]
+
+
+class ModelClient:
+    """Chat-completions client for side queries; see the module docstring for the policy."""
+
+    def __init__(self, endpoint: ModelEndpoint) -> None:
+        self._endpoint = endpoint
+        self._openai: ModuleType | None = None
+        self._slot: _Slot | None = None
+        self._retired: list[_Slot] = []
+        self._json_object_only: set[tuple[str | None, str]] = set()
+        self._calls = 0
+        self._failures = 0
+        self._last_error: str | None = None
+
+    # -- configuration and status ------------------------------------------------------------
+
+    @property
+    def endpoint(self) -> ModelEndpoint:
+        return self._endpoint
+
+    @property
+    def configured(self) -> bool:
+        return self._endpoint.configured
+
+    @property
+    def imported(self) -> bool:
+        """Whether ``openai`` has been imported by this client."""
+        return self._openai is not None
+
+    def update(self, endpoint: ModelEndpoint) -> None:
+        """Swap the endpoint (config reload). Calls in flight finish on the old connection."""
+        self._endpoint = endpoint
+        slot = self._slot
+        if slot is not None and slot.key != (endpoint.base_url, endpoint.api_key):
+            slot.retired = True
+            self._slot = None
+            if slot.inflight == 0:
+                self._retired.append(slot)
+
+    def status(self) -> dict[str, Any]:
+        """Counters and settings for ``daemon.status`` (never the API key)."""
+        ep = self._endpoint
+        return {
+            "configured": ep.configured,
+            "imported": self.imported,
+            "base_url": safe_url(ep.base_url),
+            "model": ep.model,
+            "fast_model": ep.fast_model,
+            "timeout_s": ep.timeout_s,
+            "calls": self._calls,
+            "failures": self._failures,
+            "last_error": self._last_error,
+            "json_schema_fallback": (ep.base_url, ep.model or "") in self._json_object_only,
+        }
+
+    async def warm_up(self) -> None:
+        """Import ``openai`` now (in a worker thread) instead of on the first call."""
+        await self._import()
+
+    async def aclose(self) -> None:
+        """Close the HTTP clients this instance opened; later calls open a new one.
+
+        A client with calls still in flight is closed when its last call finishes.
+        """
+        slots, current = self._retired, self._slot
+        self._retired, self._slot = [], None
+        if current is not None:
+            current.retired = True
+            if current.inflight == 0:
+                slots.append(current)
+        for slot in slots:
+            await self._close_slot(slot)
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    # -- public calls ------------------------------------------------------------------------
+
+    async def complete(
+        self,
+        messages: Sequence[Message],
+        *,
+        model: str | None = None,
+        fast: bool = False,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        tool_choice: str | Mapping[str, Any] | None = None,
+        timeout_s: float | None = None,
+        extra_body: Mapping[str, Any] | None = None,
+    ) -> Completion:
+        """One non-streamed chat completion."""
+        with self._accounting("complete") as call:
+            req = self._prepare(
+                call, messages, model, fast, max_tokens, temperature, tools, tool_choice,
+                timeout_s, extra_body,
+            )  # fmt: skip
+            return await self._run(call, req, self._complete_once)
+
+    async def stream(
+        self,
+        messages: Sequence[Message],
+        *,
+        model: str | None = None,
+        fast: bool = False,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        tool_choice: str | Mapping[str, Any] | None = None,
+        timeout_s: float | None = None,
+        extra_body: Mapping[str, Any] | None = None,
+        on_delta: DeltaCallback | None = None,
+    ) -> Completion:
+        """A streamed chat completion, accumulated; ``on_delta`` sees each text delta."""
+        with self._accounting("stream") as call:
+            req = self._prepare(
+                call, messages, model, fast, max_tokens, temperature, tools, tool_choice,
+                timeout_s, extra_body,
+            )  # fmt: skip
+
+            async def body(client: AsyncOpenAI, r: _Request) -> Completion:
+                return await self._stream_once(client, r, on_delta)
+
+            return await self._run(call, req, body)
+
+    async def complete_json(
+        self,
+        messages: Sequence[Message],
+        schema: Mapping[str, Any],
+        *,
+        name: str,
+        model: str | None = None,
+        fast: bool = False,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        timeout_s: float | None = None,
+        extra_body: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """Structured output: a JSON object meant to follow ``schema`` (not validated here).
+
+        Tries ``response_format=json_schema`` first; if the endpoint rejects it (HTTP 400, 422
+        or 500) retries once with ``json_object`` plus the schema in the system prompt and
+        remembers that this endpoint and model need the fallback. Both attempts share one
+        deadline.
+        """
+        with self._accounting("complete_json") as call:
+            req = self._prepare(
+                call, messages, model, fast, max_tokens, temperature, None, None, timeout_s,
+                extra_body,
+            )  # fmt: skip
+            deadline = time.monotonic() + req.timeout
+            key = (self._endpoint.base_url, req.model)
+            learned = False
+            if key not in self._json_object_only:
+                fmt = {"name": name, "schema": dict(schema), "strict": True}
+                req.kwargs["response_format"] = {"type": "json_schema", "json_schema": fmt}
+                try:
+                    done = await self._run(call, req, self._complete_once)
+                    return parse_json_reply(done.text)
+                except ModelUnavailable as exc:
+                    if reason_of(exc) not in _SCHEMA_REJECTED:
+                        raise
+                    self._json_object_only.add(key)
+                    learned = True
+                    log.info(
+                        "model_json_schema_rejected",
+                        reason=reason_of(exc),
+                        model=req.model,
+                        endpoint=safe_url(self._endpoint.base_url),
+                    )
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise unavailable("timeout")
+            req.timeout = remaining
+            req.kwargs["messages"] = with_schema_instruction(messages, schema)
+            req.kwargs["response_format"] = {"type": "json_object"}
+            try:
+                done = await self._run(call, req, self._complete_once)
+            except ModelUnavailable as exc:
+                if learned and reason_of(exc).startswith("http_"):
+                    # json_object failed the same way: the rejection was not about json_schema.
+                    self._json_object_only.discard(key)
+                raise
+            return parse_json_reply(done.text)
+
+    # -- internals ---------------------------------------------------------------------------
+
+    @contextmanager
+    def _accounting(self, op: str) -> Iterator[_Call]:
+        self._calls += 1
+        call = _Call(op)
+        try:
+            yield call
+        except ModelUnavailable as exc:
+            self._failures += 1
+            reason = reason_of(exc)
+            self._last_error = reason
+            (log.debug if reason == "not_configured" else log.warning)(
+                "model_call_failed",
+                op=op,
+                reason=reason,
+                model=call.model,
+                endpoint=safe_url(self._endpoint.base_url),
+                error_type=call.error_type,
+                elapsed_ms=round((time.monotonic() - call.started) * 1000),
+            )
+            raise
+
+    def _prepare(
+        self,
+        call: _Call,
+        messages: Sequence[Message],
+        model: str | None,
+        fast: bool,
+        max_tokens: int | None,
+        temperature: float | None,
+        tools: Sequence[Mapping[str, Any]] | None,
+        tool_choice: str | Mapping[str, Any] | None,
+        timeout_s: float | None,
+        extra_body: Mapping[str, Any] | None,
+    ) -> _Request:
+        ep = self._endpoint
+        if not ep.configured:
+            raise unavailable("not_configured")
+        problem = url_problem(ep.base_url or "")
+        if problem:
+            raise unavailable(
+                "not_configured", message=f"Model endpoint is misconfigured: {problem}"
+            )
+        name = model or (ep.fast_model if fast and ep.fast_model else ep.model)
+        assert name is not None  # configured implies a model
+        call.model = name
+        kwargs: dict[str, Any] = {"model": name, "messages": list(messages)}
+        if max_tokens is not None:
+            kwargs["max_tokens"] = max_tokens
+        if temperature is not None:
+            kwargs["temperature"] = temperature
+        if tools:
+            kwargs["tools"] = list(tools)
+        if tool_choice is not None:
+            kwargs["tool_choice"] = tool_choice
+        if extra_body:
+            kwargs["extra_body"] = dict(extra_body)
+        timeout = ep.timeout_s if timeout_s is None else timeout_s
+        if timeout <= 0:
+            raise ValueError("timeout_s must be > 0")
+        return _Request(model=name, timeout=timeout, kwargs=kwargs)
+
+    async def _import(self) -> ModuleType:
+        if self._openai is None:
+            started = time.monotonic()
+            module = await anyio.to_thread.run_sync(importlib.import_module, "openai")
+            if self._openai is None:
+                self._openai = module
+                log.debug("openai_imported", elapsed_ms=round((time.monotonic() - started) * 1000))
+        return self._openai
+
+    async def _acquire(self) -> _Slot:
+        oa = await self._import()
+        while self._retired:
+            await self._close_slot(self._retired.pop())
+        ep = self._endpoint
+        slot = self._slot
+        if slot is None:
+            client = oa.AsyncOpenAI(
+                base_url=ep.base_url,
+                api_key=ep.api_key or "none",
+                max_retries=0,
+                timeout=ep.timeout_s,
+            )
+            slot = self._slot = _Slot(client=client, key=(ep.base_url, ep.api_key))
+        slot.inflight += 1
+        return slot
+
+    async def _release(self, slot: _Slot) -> None:
+        slot.inflight -= 1
+        if slot.retired and slot.inflight == 0:
+            await self._close_slot(slot)
+
+    @staticmethod
+    async def _close_slot(slot: _Slot) -> None:
+        with anyio.CancelScope(shield=True):
+            try:
+                await slot.client.close()
+            except Exception:  # closing must never mask the call's own outcome
+                log.debug("model_client_close_failed", exc_info=True)
+
+    async def _run(
+        self,
+        call: _Call,
+        req: _Request,
+        body: Callable[[AsyncOpenAI, _Request], Awaitable[T]],
+    ) -> T:
+        """Run ``body`` under the hard deadline, mapping every failure to ModelUnavailable."""
+        try:
+            slot = await self._acquire()
+        except Exception as exc:  # e.g. the SDK refusing its configuration
+            mapped = self._map_error(exc, req.timeout)
+            if mapped is None:
+                raise
+            call.error_type = type(exc).__name__
+            raise mapped from None
+        try:
+            with anyio.fail_after(req.timeout):
+                return await body(slot.client, req)
+        except ModelUnavailable:
+            raise
+        except TimeoutError:
+            call.error_type = "deadline"
+            raise unavailable("timeout", detail=f"{req.timeout:g}s") from None
+        except Exception as exc:
+            mapped = self._map_error(exc, req.timeout)
+            if mapped is None:
+                raise
+            call.error_type = type(exc).__name__
+            raise mapped from None
+        finally:
+            await self._release(slot)
+
+    def _map_error(self, exc: Exception, timeout: float) -> ModelUnavailable | None:
+        oa = self._openai
+        if oa is None:
+            return None
+        if isinstance(exc, oa.APITimeoutError):
+            return unavailable("timeout", detail=f"{timeout:g}s")
+        if isinstance(exc, oa.APIConnectionError):
+            return unavailable("connection")
+        if isinstance(exc, oa.APIResponseValidationError):
+            return unavailable("invalid_json")
+        if isinstance(exc, oa.APIStatusError):
+            return unavailable(f"http_{exc.status_code}", status=exc.status_code)
+        if isinstance(exc, oa.OpenAIError):
+            return unavailable("api_error")
+        # openai 3.x lets the body's JSONDecodeError through for a 200 with a broken JSON body
+        # (and for a broken SSE data line).
+        if isinstance(exc, (json.JSONDecodeError, UnicodeDecodeError)):
+            return unavailable("invalid_json")
+        return None
+
+    async def _complete_once(self, client: AsyncOpenAI, req: _Request) -> Completion:
+        resp: Any = await client.chat.completions.create(**req.kwargs, timeout=req.timeout)
+        if isinstance(resp, str):  # a non-JSON content type: the SDK hands back the raw text
+            raise unavailable("invalid_json")
+        choices = getattr(resp, "choices", None)
+        if not choices:
+            raise unavailable("empty")
+        choice = choices[0]
+        message = getattr(choice, "message", None)
+        text = getattr(message, "content", None) or ""
+        calls = [dump_model(tc) for tc in (getattr(message, "tool_calls", None) or [])]
+        if not text and not calls:
+            raise unavailable("empty")
+        return Completion(
+            text=text,
+            tool_calls=calls,
+            finish_reason=getattr(choice, "finish_reason", None),
+            usage=usage_dict(getattr(resp, "usage", None)),
+            model=getattr(resp, "model", None) or req.model,
+        )
+
+    async def _stream_once(
+        self, client: AsyncOpenAI, req: _Request, on_delta: DeltaCallback | None
+    ) -> Completion:
+        oa = self._openai
+        assert oa is not None
+        stream: Any = await client.chat.completions.create(
+            **req.kwargs,
+            stream=True,
+            stream_options={"include_usage": True},
+            timeout=req.timeout,
+        )
+        parts: list[str] = []
+        tools = ToolCallAccumulator()
+        finish: str | None = None
+        usage: dict[str, int] | None = None
+        model = req.model
+        try:
+            async for chunk in stream:
+                model = getattr(chunk, "model", None) or model
+                usage = usage_dict(getattr(chunk, "usage", None)) or usage
+                for choice in getattr(chunk, "choices", None) or []:
+                    delta = getattr(choice, "delta", None)
+                    if delta is not None and delta.content:
+                        parts.append(delta.content)
+                        if on_delta is not None:
+                            result = on_delta(delta.content)
+                            if inspect.isawaitable(result):
+                                await result
+                    for tc in (delta.tool_calls if delta is not None else None) or []:
+                        tools.feed(tc)
+                    finish = getattr(choice, "finish_reason", None) or finish
+        except oa.APITimeoutError:
+            raise
+        except oa.APIConnectionError:
+            raise unavailable("stream_cut") from None
+        finally:
+            with anyio.CancelScope(shield=True):
+                await stream.close()
+        if finish is None:
+            raise unavailable("stream_cut")
+        text, calls = "".join(parts), tools.result()
+        if not text and not calls:
+            raise unavailable("empty")
+        return Completion(
+            text=text, tool_calls=calls, finish_reason=finish, usage=usage, model=model
+        )

@@ -1,0 +1,123 @@
+"""Wire types of the ``daemon.*`` methods (params and results as msgspec Structs)."""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class Params(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """Base of every params struct: unknown fields are refused with their name."""
+
+
+class Empty(Params):
+    """Params of a method that takes none."""
+
+
+class ClientInfo(msgspec.Struct, kw_only=True):
+    name: str
+    version: str = ""
+
+
+class HelloParams(Params):
+    client: ClientInfo | None = None
+    protocol: int = 1
+
+
+class HelloResult(msgspec.Struct, kw_only=True):
+    protocol: int
+    version: str
+    pid: int
+    capabilities: list[str]
+
+
+class SessionSummary(msgspec.Struct, kw_only=True):
+    session_id: str
+    cwd: str
+    model: str
+    messages: int
+    prompt_tokens: int
+    window_tokens: int
+    level: str
+
+
+class ProjectSummary(msgspec.Struct, kw_only=True):
+    root: str
+    watchers: int = 0
+    memory_docs: int = 0
+    skills: int = 0
+
+
+class InFlightTask(msgspec.Struct, kw_only=True):
+    id: int
+    kind: str
+    project: str | None
+    started_at: float
+    description: str = ""
+
+
+class BackgroundStatus(msgspec.Struct, kw_only=True):
+    in_flight: list[InFlightTask]
+    queued: int
+    last_extract_at: float | None = None
+    last_dream_at: float | None = None
+    completed: int = 0
+    failed: int = 0
+    cancelled: int = 0
+
+
+class ConfigStatus(msgspec.Struct, kw_only=True):
+    files: list[str]
+    generation: int
+    last_error: str | None = None
+
+
+class StatusResult(msgspec.Struct, kw_only=True):
+    version: str
+    pid: int
+    uptime_s: float
+    protocol: int
+    socket: str
+    sessions: list[SessionSummary]
+    projects: list[ProjectSummary]
+    background: BackgroundStatus
+    rss_bytes: int
+    state: str = "serving"
+    connections: int = 0
+    requests: int = 0
+    activated: bool = False
+    model: dict[str, object] = msgspec.field(default_factory=dict)
+    config: ConfigStatus | None = None
+    inotify_watches: int = 0
+    counters: dict[str, int] = msgspec.field(default_factory=dict)
+
+
+class DrainParams(Params):
+    timeout_s: float | None = msgspec.field(default=None)
+
+
+class DrainResult(msgspec.Struct, kw_only=True):
+    drained: bool
+    pending: int
+
+
+class ShutdownParams(Params):
+    drain: bool = True
+    timeout_s: float | None = None
+
+
+class OkResult(msgspec.Struct, kw_only=True):
+    ok: bool = True
+
+
+TOPICS = (
+    "session/usage",
+    "session/compressed",
+    "skills/changed",
+    "memory/changed",
+    "background/progress",
+    "config/changed",
+)
+
+
+class SubscribeParams(Params):
+    topics: list[str] | None = None

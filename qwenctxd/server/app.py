@@ -1,0 +1,307 @@
+"""The daemon: composes the shared services, owns the lifecycle, serves the socket.
+
+Start-up order: pid lock → socket (adopted or bound) → watchers and config reload → accept
+loop → READY=1. Shutdown (``daemon.shutdown``, SIGTERM or SIGINT) follows one path: STOPPING=1,
+stop accepting, new work answered with Busy, background jobs drained up to the deadline and
+the rest cancelled, replies in flight sent, socket and pid file removed, exit 0. A second
+signal exits at once.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import structlog
+from anyio.abc import SocketListener, SocketStream
+
+from qwenctxd import PROTOCOL_VERSION, __version__
+from qwenctxd.config import ConfigStore
+from qwenctxd.config.schema import Settings
+from qwenctxd.events import EventBus
+from qwenctxd.model import ModelClient
+from qwenctxd.paths import ensure_private_dir, pid_path
+from qwenctxd.protocol import daemon as wire
+from qwenctxd.server import listener as listening
+from qwenctxd.server import systemd
+from qwenctxd.server.connection import Connection
+from qwenctxd.server.dispatch import Dispatcher
+from qwenctxd.server.lock import PidLock
+from qwenctxd.tasks import TaskRecord, TaskRegistry
+from qwenctxd.watch import WatchHub
+
+log = structlog.get_logger("qwenctxd.daemon")
+
+StatusContributor = Callable[[wire.StatusResult], None]
+
+
+class Daemon:
+    def __init__(
+        self,
+        config: ConfigStore,
+        socket_path: Path,
+        *,
+        activated_fd: int | None = None,
+    ) -> None:
+        self.config = config
+        self.settings: Settings = config.global_settings
+        self.socket_path = socket_path
+        self.activated_fd = activated_fd
+        self.state = "starting"
+        self.started_monotonic = time.monotonic()
+        self.bus = EventBus()
+        self.tasks = TaskRegistry()
+        self.tasks.add_listener(self._on_task_event)
+        self.hub = WatchHub()
+        self.model = ModelClient(self.settings.endpoint())
+        self.dispatcher = Dispatcher(is_stopping=lambda: self.state != "serving")
+        self.in_flight_requests = 0
+        self._requests_idle = anyio.Event()
+        self.connections = 0
+        self.counters: dict[str, int] = {}
+        self.status_contributors: list[StatusContributor] = []
+        self._lock = PidLock(pid_path(socket_path))
+        self._bound_here = False
+        self._stop = anyio.Event()
+        self._shutdown_started = False
+        self._drain_on_stop = True
+        self._stop_timeout: float | None = None
+        self._accept_scope: anyio.CancelScope | None = None
+        self._listener: SocketListener | None = None
+        config.add_listener(self._on_config_change)
+
+        from qwenctxd.server.methods import register_all
+
+        register_all(self)
+
+    # -- properties used by connections and methods ------------------------------------------
+    @property
+    def max_frame_bytes(self) -> int:
+        return self.settings.daemon.max_frame_bytes
+
+    @property
+    def uptime_s(self) -> float:
+        return time.monotonic() - self.started_monotonic
+
+    def bump(self, counter: str, n: int = 1) -> None:
+        """Increment a debug counter shown in ``daemon.status`` (tests and benches read them)."""
+        self.counters[counter] = self.counters.get(counter, 0) + n
+
+    # -- run ----------------------------------------------------------------------------------
+    async def run(self) -> int:
+        """Serve until shut down; the process exit code."""
+        ensure_private_dir(self.socket_path.parent) if self.activated_fd is None else None
+        self._lock.acquire()
+        try:
+            return await self._serve()
+        finally:
+            self._cleanup_files()
+
+    async def _serve(self) -> int:
+        if self.activated_fd is not None:
+            self._listener = await listening.adopt(self.activated_fd)
+            log.info("adopted inherited socket", fd=self.activated_fd)
+        else:
+            self._listener = await listening.bind(self.socket_path)
+            self._bound_here = True
+        async with self._listener, anyio.create_task_group() as tg:
+            self.tasks.attach(tg)
+            tg.start_soon(self._signals)
+            await tg.start(self.hub.run)
+            await tg.start(self.config.run, self.hub)
+            async with anyio.create_task_group() as conns:
+                await conns.start(self._accept, conns)
+                self.state = "serving"
+                systemd.notify(f"READY=1\nSTATUS={self._status_line()}\nMAINPID={os.getpid()}")
+                log.info(
+                    "serving",
+                    socket=str(self.socket_path),
+                    pid=os.getpid(),
+                    version=__version__,
+                    activated=self.activated_fd is not None,
+                )
+                interval = systemd.watchdog_interval_s()
+                if interval:
+                    tg.start_soon(self._watchdog, interval)
+                await self._stop.wait()
+                await self._finish_shutdown()
+                conns.cancel_scope.cancel()
+            tg.cancel_scope.cancel()
+        log.info("stopped", pid=os.getpid())
+        return 0
+
+    async def _accept(
+        self, conns: anyio.abc.TaskGroup, *, task_status: anyio.abc.TaskStatus[None]
+    ) -> None:
+        assert self._listener is not None
+        with anyio.CancelScope() as scope:
+            self._accept_scope = scope
+            await listening.accept_loop(
+                self._listener,
+                self._handle,
+                conns,
+                max_connections=self.settings.daemon.max_connections,
+                task_status=task_status,
+            )
+
+    def request_started(self) -> None:
+        self.in_flight_requests += 1
+
+    def request_finished(self) -> None:
+        self.in_flight_requests -= 1
+        if not self.in_flight_requests:
+            self._requests_idle.set()
+
+    async def _handle(self, stream: SocketStream) -> None:
+        self.connections += 1
+        try:
+            await Connection(self, stream).serve()
+        finally:
+            self.connections -= 1
+
+    # -- shutdown -----------------------------------------------------------------------------
+    def request_shutdown(self, *, drain: bool = True, timeout_s: float | None = None) -> None:
+        """Begin the shutdown path once; later calls are ignored."""
+        if self._shutdown_started:
+            return
+        self._shutdown_started = True
+        self._drain_on_stop = drain
+        self._stop_timeout = timeout_s
+        self.state = "stopping"
+        systemd.notify("STOPPING=1\nSTATUS=draining background work")
+        log.info("shutting down", drain=drain)
+        self._stop.set()
+
+    async def _finish_shutdown(self) -> None:
+        if self._accept_scope is not None:
+            self._accept_scope.cancel()
+        if self._listener is not None:
+            await self._listener.aclose()
+        timeout = self._stop_timeout or self.settings.daemon.drain_timeout_s
+        with anyio.CancelScope(shield=True):
+            if self._drain_on_stop:
+                drained = await self.tasks.drain(timeout)
+                if not drained:
+                    log.warning("drain deadline passed; cancelling", pending=self.tasks.pending)
+            self.tasks.close()
+            self.tasks.cancel_all()
+            await self.tasks.drain(2.0)
+            with anyio.move_on_after(2.0):
+                while self.in_flight_requests:
+                    self._requests_idle = anyio.Event()
+                    await self._requests_idle.wait()
+
+    async def _signals(self) -> None:
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for signum in signals:
+                if self._shutdown_started:
+                    log.warning("second signal; exiting now", signal=signum)
+                    self._cleanup_files()
+                    os._exit(1)
+                log.info("signal received", signal=signal.Signals(signum).name)
+                self.request_shutdown(drain=True)
+
+    def _cleanup_files(self) -> None:
+        if self._bound_here:
+            try:
+                os.unlink(self.socket_path)
+            except FileNotFoundError:
+                pass
+            self._bound_here = False
+        self._lock.release()
+
+    async def _watchdog(self, interval: float) -> None:
+        while True:
+            systemd.notify("WATCHDOG=1")
+            await anyio.sleep(interval)
+
+    # -- status -------------------------------------------------------------------------------
+    def _status_line(self) -> str:
+        st = self.status()
+        return (
+            f"{self.state}: {len(st.sessions)} sessions, {len(st.background.in_flight)} "
+            f"background jobs, {st.background.queued} queued"
+        )
+
+    def _on_task_event(self, rec: TaskRecord) -> None:
+        self.bus.publish(
+            "background/progress",
+            {
+                "id": rec.id,
+                "kind": rec.kind,
+                "project": rec.project,
+                "state": rec.outcome.value if rec.outcome else "started",
+                "pending": self.tasks.pending,
+            },
+        )
+        if os.environ.get("NOTIFY_SOCKET"):
+            systemd.notify(f"STATUS={self._status_line()}")
+
+    def _on_config_change(self, settings: Settings) -> None:
+        self.settings = settings
+        self.model.update(settings.endpoint())
+        self.bus.publish("config/changed", {"generation": self.config.generation})
+        log.info("config reloaded", generation=self.config.generation)
+
+    def status(self) -> wire.StatusResult:
+        tasks = self.tasks
+        st = wire.StatusResult(
+            version=__version__,
+            pid=os.getpid(),
+            uptime_s=round(self.uptime_s, 3),
+            protocol=PROTOCOL_VERSION,
+            socket=str(self.socket_path),
+            sessions=[],
+            projects=[],
+            background=wire.BackgroundStatus(
+                in_flight=[
+                    wire.InFlightTask(
+                        id=r.id,
+                        kind=r.kind,
+                        project=r.project,
+                        started_at=r.started_at or r.submitted_at,
+                        description=r.description,
+                    )
+                    for r in tasks.in_flight
+                ],
+                queued=tasks.queued,
+                last_extract_at=tasks.last_finished("extract"),
+                last_dream_at=tasks.last_finished("dream"),
+                completed=tasks.counts["completed"],
+                failed=tasks.counts["failed"],
+                cancelled=tasks.counts["cancelled"],
+            ),
+            rss_bytes=rss_bytes(),
+            state=self.state,
+            connections=self.connections,
+            requests=self.dispatcher.requests,
+            activated=self.activated_fd is not None,
+            model=self.model.status(),
+            config=wire.ConfigStatus(
+                files=[str(f) for f in self.config.files],
+                generation=self.config.generation,
+                last_error=self.config.last_error,
+            ),
+            inotify_watches=self.hub.inotify_watches(),
+            counters=dict(self.counters),
+        )
+        for contribute in self.status_contributors:
+            contribute(st)
+        return st
+
+
+def rss_bytes() -> int:
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def describe(obj: Any) -> str:
+    return type(obj).__name__

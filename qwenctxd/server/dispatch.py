@@ -1,0 +1,222 @@
+"""JSON-RPC dispatch: frames in, replies out, through jsonrpcserver with msgspec at both ends.
+
+jsonrpcserver does the method lookup, argument binding, the call and the response shapes. We
+give it what its defaults do slowly or leak (daemon-ecosystem.md §3.2): a msgspec decode of the
+frame, a per-element envelope check (so one bad member of a batch fails only itself), typed
+params (msgspec Structs whose errors name the offending field in ``data``), an explicit method
+table, and a wrapper that keeps internal exception text out of replies.
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+import msgspec
+import structlog
+from jsonrpcserver.async_dispatcher import dispatch_request
+from jsonrpcserver.dispatcher import to_response
+from jsonrpcserver.exceptions import JsonRpcError
+from jsonrpcserver.request import Request
+from jsonrpcserver.response import to_serializable_one
+from jsonrpcserver.result import Success
+from jsonrpcserver.sentinels import NOID
+
+from qwenctxd.protocol import errors
+
+log = structlog.get_logger("qwenctxd.rpc")
+
+P = TypeVar("P", bound=msgspec.Struct)
+Handler = Callable[[Any, Any], Awaitable[Any]]
+
+_encoder = msgspec.json.Encoder()
+_error_ids = itertools.count(1)
+# Every wrapper takes (context, *args, **kwargs); a fixed __signature__ spares jsonrpcserver's
+# per-call inspect.signature() walk and makes its argument check always pass — msgspec checks.
+_WRAPPER_SIGNATURE = inspect.Signature(
+    [
+        inspect.Parameter("context", inspect.Parameter.POSITIONAL_ONLY),
+        inspect.Parameter("args", inspect.Parameter.VAR_POSITIONAL),
+        inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD),
+    ]
+)
+
+
+class _Envelope(msgspec.Struct, forbid_unknown_fields=True):
+    jsonrpc: str
+    method: str
+    params: dict[str, Any] | list[Any] | msgspec.UnsetType = msgspec.UNSET
+    id: int | str | None | msgspec.UnsetType = msgspec.UNSET
+
+
+@dataclass(frozen=True)
+class MethodSpec(Generic[P]):
+    """One served method: its params struct, its handler, and how it behaves while draining."""
+
+    name: str
+    params: type[P]
+    handler: Handler
+    allowed_while_stopping: bool = False
+    quiet: bool = False  # logged at debug instead of info (liveness probes)
+
+
+def field_of(exc: msgspec.ValidationError) -> tuple[str, str, str]:
+    """(field, path, problem) from a msgspec validation message.
+
+    msgspec says e.g. "Expected `int`, got `str` - at `$.timeout_s`" or
+    "Object missing required field `cwd`" (with an optional "- at `$.client`").
+    """
+    text = str(exc)
+    path = "$"
+    problem = text
+    if " - at `" in text:
+        problem, _, rest = text.rpartition(" - at `")
+        path = rest.rstrip("`")
+    leaf = ""
+    if "field `" in problem:
+        leaf = problem.rsplit("field `", 1)[1].split("`", 1)[0]
+    if leaf:
+        field = (path[2:] + "." + leaf) if path not in ("$", "") else leaf
+    else:
+        field = path[2:] if path.startswith("$.") else path.lstrip("$") or "params"
+    return field, path, problem
+
+
+def decode_params(params_type: type[P], args: tuple[Any, ...], kwargs: dict[str, Any]) -> P:
+    """Typed params from the JSON-RPC ``params`` member, or InvalidParams naming the field."""
+    if args:
+        raise errors.InvalidParams(
+            "params must be an object (by-name), not an array",
+            data={"field": "params", "message": "expected an object"},
+        )
+    try:
+        return msgspec.convert(kwargs, params_type, str_keys=True)
+    except msgspec.ValidationError as exc:
+        field, path, problem = field_of(exc)
+        raise errors.InvalidParams(
+            f"Invalid params: {field}: {problem}",
+            data={"field": field, "path": path, "message": problem},
+        ) from None
+
+
+class Dispatcher:
+    """Turns one frame into one reply (or none) using a fixed method table."""
+
+    def __init__(self, *, is_stopping: Callable[[], bool] = lambda: False) -> None:
+        self._methods: dict[str, Callable[..., Awaitable[Any]]] = {}
+        self.specs: dict[str, MethodSpec[Any]] = {}
+        self._is_stopping = is_stopping
+        self.requests = 0
+        self.errors = 0
+
+    def register(self, spec: MethodSpec[Any]) -> None:
+        if spec.name in self._methods:
+            raise ValueError(f"method {spec.name} registered twice")
+        self.specs[spec.name] = spec
+        self._methods[spec.name] = self._wrap(spec)
+
+    def _wrap(self, spec: MethodSpec[Any]) -> Callable[..., Awaitable[Any]]:
+        params_type = spec.params
+        handler = spec.handler
+        name = spec.name
+        quiet = spec.quiet
+        allowed_while_stopping = spec.allowed_while_stopping
+        is_stopping = self._is_stopping
+
+        async def call(context: Any, *args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            code: int | None = None
+            session = kwargs.get("session_id")
+            try:
+                if is_stopping() and not allowed_while_stopping:
+                    raise errors.Busy()
+                params = decode_params(params_type, args, kwargs)
+                return Success(await handler(context, params))
+            except errors.QwenctxdError as exc:
+                code = exc.code
+                raise JsonRpcError(exc.code, exc.message, exc.data) from None
+            except Exception:
+                error_id = next(_error_ids)
+                code = errors.INTERNAL_ERROR
+                log.exception("method failed", method=name, error_id=error_id)
+                raise JsonRpcError(
+                    errors.INTERNAL_ERROR,
+                    "Internal error (see the daemon log)",
+                    {"error_id": error_id},
+                ) from None
+            finally:
+                if code is not None:
+                    self.errors += 1
+                dur = (time.perf_counter() - started) * 1000.0
+                if quiet and code is None:
+                    log.debug("request", method=name, duration_ms=round(dur, 3))
+                else:
+                    log.info(
+                        "request",
+                        method=name,
+                        duration_ms=round(dur, 3),
+                        session=session if isinstance(session, str) else None,
+                        error_code=code,
+                    )
+
+        call.__signature__ = _WRAPPER_SIGNATURE  # type: ignore[attr-defined]
+        call.__name__ = f"rpc:{name}"
+        return call
+
+    # -- frames ------------------------------------------------------------------------------
+    async def dispatch(self, frame: bytes, context: Any) -> bytes | None:
+        """The serialized reply to ``frame``; None when nothing is to be sent back."""
+        try:
+            obj = msgspec.json.decode(frame)
+        except msgspec.DecodeError as exc:
+            self.errors += 1
+            return _encode_error(errors.ParseError(data={"message": str(exc)}), None)
+        if isinstance(obj, list):
+            if not obj:
+                self.errors += 1
+                return _encode_error(errors.InvalidRequest(data={"message": "empty batch"}), None)
+            replies = []
+            for member in obj:
+                reply = await self._one(member, context)
+                if reply is not None:
+                    replies.append(reply)
+            return _encoder.encode(replies) if replies else None
+        reply = await self._one(obj, context)
+        return None if reply is None else _encoder.encode(reply)
+
+    async def _one(self, obj: Any, context: Any) -> dict[str, Any] | None:
+        self.requests += 1
+        try:
+            env = msgspec.convert(obj, _Envelope)
+            if env.jsonrpc != "2.0":
+                raise msgspec.ValidationError("jsonrpc must be \"2.0\"")
+        except msgspec.ValidationError as exc:
+            self.errors += 1
+            rid = obj.get("id") if isinstance(obj, dict) else None
+            if not isinstance(rid, (int, str)) or isinstance(rid, bool):
+                rid = None
+            return _error_dict(errors.InvalidRequest(data={"message": str(exc)}), rid)
+        params = [] if env.params is msgspec.UNSET else env.params
+        rid = NOID if env.id is msgspec.UNSET else env.id
+        request = Request(env.method, params, rid)
+        _, result = await dispatch_request(self._methods, context, request)
+        if rid is NOID:
+            return None
+        return to_serializable_one(to_response(request, result))
+
+
+def _error_dict(err: errors.QwenctxdError, rid: Any) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "error": err.to_wire(), "id": rid}
+
+
+def _encode_error(err: errors.QwenctxdError, rid: Any) -> bytes:
+    return _encoder.encode(_error_dict(err, rid))
+
+
+def error_frame(err: errors.QwenctxdError, rid: Any = None) -> bytes:
+    """A serialized error reply not tied to a dispatched request (framing problems)."""
+    return _encode_error(err, rid)

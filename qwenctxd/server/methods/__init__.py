@@ -1,0 +1,19 @@
+"""RPC method handlers, one module per method family; ``register_all`` wires them in."""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from qwenctxd.server.app import Daemon
+
+
+def register_all(daemon: Daemon) -> None:
+    from qwenctxd.server.methods import daemon_methods
+
+    daemon_methods.register(daemon)
+    if os.environ.get("QWENCTXD_DEBUG_METHODS") == "1":
+        from qwenctxd.server.methods import debug_methods
+
+        debug_methods.register(daemon)

@@ -1,0 +1,131 @@
+"""Spawn the real daemon as a subprocess in a scratch HOME / XDG_RUNTIME_DIR.
+
+Paths are kept short (AF_UNIX allows 107 bytes) by rooting the scratch tree in /tmp.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from qwenctxd.client import Client, DaemonUnreachable
+from qwenctxd.client.errors import ClientError
+
+
+class SpawnedDaemon:
+    """A daemon process plus the scratch directories it lives in."""
+
+    def __init__(self, root: Path | None = None, env: dict[str, str] | None = None) -> None:
+        self.root = root or Path(tempfile.mkdtemp(prefix="qcd-", dir="/tmp"))
+        self._own_root = root is None
+        self.home = self.root / "home"
+        self.runtime = self.root / "run"
+        self.home.mkdir(parents=True, exist_ok=True)
+        self.runtime.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(self.runtime, 0o700)
+        self.socket = self.runtime / "qwenctxd" / "qwenctxd.sock"
+        self.log_path = self.root / "daemon.log"
+        base = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("OPENAI_", "QWEN", "XDG_", "LISTEN_", "NOTIFY_", "WATCHDOG_"))
+        }
+        base.update(
+            HOME=str(self.home),
+            XDG_RUNTIME_DIR=str(self.runtime),
+            XDG_CONFIG_HOME=str(self.home / ".config"),
+            XDG_STATE_HOME=str(self.home / ".local" / "state"),
+            PYTHONUNBUFFERED="1",
+        )
+        base.update(env or {})
+        self.env = base
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._log_file: Any = None
+
+    # -- process control ---------------------------------------------------------------------
+    def start(
+        self,
+        *extra_args: str,
+        wait: bool = True,
+        timeout: float = 15.0,
+        pass_fds: tuple[int, ...] = (),
+        env: dict[str, str] | None = None,
+        preexec_fn: Any = None,
+    ) -> SpawnedDaemon:
+        self._log_file = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "qwenctxd", "--log-format", "json", *extra_args],
+            env={**self.env, **(env or {})},
+            stdin=subprocess.DEVNULL,
+            stdout=self._log_file,
+            stderr=self._log_file,
+            pass_fds=pass_fds,
+            preexec_fn=preexec_fn,
+        )
+        if wait:
+            self.wait_ready(timeout)
+        return self
+
+    def wait_ready(self, timeout: float = 15.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"daemon exited with {self.proc.returncode}:\n{self.log_text()}")
+            try:
+                with Client(self.socket, timeout=2) as c:
+                    if c.call("daemon.ping") == "pong":
+                        return
+            except (DaemonUnreachable, ClientError, OSError):
+                pass
+            time.sleep(0.02)
+        raise TimeoutError(f"daemon not ready after {timeout}s:\n{self.log_text()}")
+
+    def client(self, **kw: Any) -> Client:
+        return Client(self.socket, **kw)
+
+    def call(self, method: str, params: Any = None) -> Any:
+        with self.client() as c:
+            return c.call(method, params)
+
+    def wait_exit(self, timeout: float = 15.0) -> int:
+        assert self.proc is not None
+        return self.proc.wait(timeout)
+
+    def signal(self, sig: int) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+
+    def kill9(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                self.call("daemon.shutdown", {"drain": False})
+                self.proc.wait(10)
+            except Exception:
+                self.proc.kill()
+                self.proc.wait(10)
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
+
+    def cleanup(self) -> None:
+        self.stop()
+        if self._own_root:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
