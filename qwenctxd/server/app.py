@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -18,7 +19,6 @@ from typing import Any
 
 import anyio
 import structlog
-from anyio.abc import SocketListener, SocketStream
 
 from qwenctxd import PROTOCOL_VERSION, __version__
 from qwenctxd.config import ConfigStore
@@ -27,8 +27,7 @@ from qwenctxd.events import EventBus
 from qwenctxd.model import ModelClient
 from qwenctxd.paths import ensure_private_dir, pid_path
 from qwenctxd.protocol import daemon as wire
-from qwenctxd.server import listener as listening
-from qwenctxd.server import systemd
+from qwenctxd.server import systemd, transport
 from qwenctxd.server.connection import Connection
 from qwenctxd.server.dispatch import Dispatcher
 from qwenctxd.server.lock import PidLock
@@ -72,7 +71,7 @@ class Daemon:
         self._drain_on_stop = True
         self._stop_timeout: float | None = None
         self._accept_scope: anyio.CancelScope | None = None
-        self._listener: SocketListener | None = None
+        self._listener: socket.socket | None = None
         config.add_listener(self._on_config_change)
 
         from qwenctxd.server.methods import register_all
@@ -104,12 +103,18 @@ class Daemon:
 
     async def _serve(self) -> int:
         if self.activated_fd is not None:
-            self._listener = await listening.adopt(self.activated_fd)
+            self._listener = transport.adopt(self.activated_fd)
             log.info("adopted inherited socket", fd=self.activated_fd)
         else:
-            self._listener = await listening.bind(self.socket_path)
+            self._listener = transport.bind(self.socket_path)
             self._bound_here = True
-        async with self._listener, anyio.create_task_group() as tg:
+        try:
+            return await self._serve_loop()
+        finally:
+            self._listener.close()
+
+    async def _serve_loop(self) -> int:
+        async with anyio.create_task_group() as tg:
             self.tasks.attach(tg)
             tg.start_soon(self._signals)
             await tg.start(self.hub.run)
@@ -141,7 +146,7 @@ class Daemon:
         assert self._listener is not None
         with anyio.CancelScope() as scope:
             self._accept_scope = scope
-            await listening.accept_loop(
+            await transport.accept_loop(
                 self._listener,
                 self._handle,
                 conns,
@@ -157,10 +162,10 @@ class Daemon:
         if not self.in_flight_requests:
             self._requests_idle.set()
 
-    async def _handle(self, stream: SocketStream) -> None:
+    async def _handle(self, conn: transport.SocketConnection, peer_uid: int) -> None:
         self.connections += 1
         try:
-            await Connection(self, stream).serve()
+            await Connection(self, conn).serve(peer_uid)
         finally:
             self.connections -= 1
 
@@ -181,7 +186,7 @@ class Daemon:
         if self._accept_scope is not None:
             self._accept_scope.cancel()
         if self._listener is not None:
-            await self._listener.aclose()
+            self._listener.close()
         timeout = self._stop_timeout or self.settings.daemon.drain_timeout_s
         with anyio.CancelScope(shield=True):
             if self._drain_on_stop:

@@ -2,7 +2,7 @@
 
 A connection speaks the framing its first non-blank byte chose (NDJSON or LSP Content-Length).
 Requests on one connection are answered in order; server notifications (after
-``daemon.subscribe``) are interleaved between replies under a write lock. Any failure of a
+``daemon.subscribe``) are interleaved between replies, each message one transport write. Any failure of a
 connection — bad bytes, an oversized frame, a client that vanishes mid-request — ends that
 connection only.
 """
@@ -11,20 +11,17 @@ from __future__ import annotations
 
 import itertools
 import os
-import socket
-import struct
 from typing import TYPE_CHECKING, Any
 
 import anyio
 import msgspec
 import structlog
-from anyio.abc import SocketStream
-from anyio.streams.buffered import BufferedByteReceiveStream
 
 from qwenctxd.events import Subscription
 from qwenctxd.protocol import errors, framing
 from qwenctxd.protocol.framing import Framing
 from qwenctxd.server.dispatch import error_frame
+from qwenctxd.server.transport import SocketConnection
 
 if TYPE_CHECKING:
     from qwenctxd.server.app import Daemon
@@ -38,38 +35,22 @@ class _Closed(Exception):
     """The peer went away or the connection must end."""
 
 
-def peer_credentials(stream: SocketStream) -> tuple[int, int, int]:
-    raw: socket.socket = stream.extra(anyio.abc.SocketAttribute.raw_socket)
-    data = raw.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    pid, uid, gid = struct.unpack("3i", data)
-    return pid, uid, gid
-
-
 class Connection:
     """Request context handed to every method handler (``ctx`` in the handlers)."""
 
-    def __init__(self, daemon: Daemon, stream: SocketStream) -> None:
+    def __init__(self, daemon: Daemon, conn: SocketConnection) -> None:
         self.daemon = daemon
-        self.stream = stream
         self.id = next(_conn_ids)
-        self.peer_pid: int | None = None
         self.framing: Framing | None = None
         self.subscription: Subscription | None = None
-        self._reader = BufferedByteReceiveStream(stream)
-        self._write_lock = anyio.Lock()
+        self._io = conn
         self._tg: anyio.abc.TaskGroup | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
-    async def serve(self) -> None:
-        try:
-            pid, uid, _ = peer_credentials(self.stream)
-        except OSError:
-            log.warning("peer credentials unavailable; closing", conn_id=self.id)
+    async def serve(self, peer_uid: int) -> None:
+        if peer_uid != os.getuid():
+            log.warning("refused peer of another uid", conn_id=self.id, peer_uid=peer_uid)
             return
-        if uid != os.getuid():
-            log.warning("refused peer of another uid", conn_id=self.id, peer_uid=uid, peer_pid=pid)
-            return
-        self.peer_pid = pid
         try:
             async with anyio.create_task_group() as tg:
                 self._tg = tg
@@ -87,8 +68,7 @@ class Connection:
         while True:
             try:
                 frame = await self._read_frame(max_frame)
-            except (anyio.IncompleteRead, anyio.EndOfStream, anyio.BrokenResourceError,
-                    anyio.ClosedResourceError, ConnectionError):
+            except (anyio.IncompleteRead, anyio.BrokenResourceError, ConnectionError):
                 return
             except framing.FrameTooLarge as exc:
                 log.warning("frame over the cap; closing", conn_id=self.id, limit=exc.limit)
@@ -117,7 +97,7 @@ class Connection:
 
     # -- reading -----------------------------------------------------------------------------
     async def _read_frame(self, max_frame: int) -> bytes | None:
-        reader = self._reader
+        reader = self._io
         if self.framing is None:
             first = await self._first_byte()
             self.framing = framing.detect(first)
@@ -146,21 +126,19 @@ class Connection:
         return await reader.receive_exactly(length)
 
     async def _first_byte(self) -> int:
-        reader = self._reader
         while True:
-            chunk = await reader.receive()
+            chunk = await self._io.receive_some()
             stripped = chunk.lstrip(framing.WHITESPACE)
             if stripped:
-                reader.feed_data(stripped)
+                self._io.unread(stripped)
                 return stripped[0]
 
     # -- writing -----------------------------------------------------------------------------
     async def _send_raw(self, body: bytes) -> None:
         data = framing.encode(body, self.framing or Framing.NDJSON)
         try:
-            async with self._write_lock:
-                await self.stream.send(data)
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError, ConnectionError):
+            await self._io.send(data)  # one write per message: no interleaving
+        except (anyio.BrokenResourceError, ConnectionError):
             raise _Closed from None
 
     def subscribe(self, topics: list[str] | None) -> None:

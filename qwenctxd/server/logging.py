@@ -20,8 +20,13 @@ LEVELS = {
 }
 
 
+debug_enabled = False  # hot paths check this before building a debug event
+
+
 def configure(level: str = "info", fmt: str = "auto") -> None:
+    global debug_enabled
     lvl = LEVELS.get(level, logging.INFO)
+    debug_enabled = lvl <= logging.DEBUG
     use_console = fmt == "console" or (fmt == "auto" and sys.stderr.isatty())
     renderer: structlog.types.Processor
     if use_console:
