@@ -1,0 +1,130 @@
+"""qwenctl against a spawned daemon: --json output, human output, exit codes, autostart."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+from qwenctxd.testing.spawn import SpawnedDaemon
+
+
+def qwenctl(d: SpawnedDaemon, *args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "qwenctl", *args],
+        env=d.env, capture_output=True, text=True, timeout=timeout,
+    )
+
+
+def test_status_json_and_human(daemon: SpawnedDaemon) -> None:
+    r = qwenctl(daemon, "status", "--json")
+    assert r.returncode == 0, r.stderr
+    st = json.loads(r.stdout)
+    assert st["pid"] == daemon.proc.pid and st["state"] == "serving"
+    assert st["model"]["configured"] is False
+    r = qwenctl(daemon, "status")
+    assert r.returncode == 0
+    lines = r.stdout.splitlines()
+    assert lines[0] == "qwenctxd status"
+    assert any(line.split() == ["pid", str(daemon.proc.pid)] for line in lines)
+    assert any(line.startswith("socket") and str(daemon.socket) in line for line in lines)
+    assert any(line.startswith("model") and "not configured" in line for line in lines)
+    # global options work after the command too
+    assert json.loads(qwenctl(daemon, "--json", "status").stdout)["pid"] == daemon.proc.pid
+
+
+def test_socket_prints_the_path(daemon: SpawnedDaemon) -> None:
+    r = qwenctl(daemon, "socket")
+    assert r.returncode == 0 and r.stdout.strip() == str(daemon.socket)
+    r = qwenctl(daemon, "socket", "--socket", "/tmp/elsewhere.sock", "--json")
+    assert json.loads(r.stdout) == {"socket": "/tmp/elsewhere.sock"}
+
+
+def test_drain_shows_progress_then_lands(spawn) -> None:  # type: ignore[no-untyped-def]
+    d = spawn(env={"QWENCTXD_DEBUG_METHODS": "1"}).start()
+    d.call("debug.sleep_task", {"seconds": 1.2, "kind": "dream"})
+    r = qwenctl(d, "drain", "--timeout", "10")
+    assert r.returncode == 0, r.stderr
+    assert "waiting: 1 pending (running: dream)" in r.stdout
+    assert r.stdout.strip().endswith("drained: no background work pending")
+    d.call("debug.sleep_task", {"seconds": 30})
+    r = qwenctl(d, "drain", "--timeout", "0.5", "--json")
+    assert r.returncode == 1 and json.loads(r.stdout) == {"drained": False, "pending": 1}
+
+
+def test_stop(daemon: SpawnedDaemon) -> None:
+    r = qwenctl(daemon, "stop", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == {"stopped": True, "pid": daemon.proc.pid}
+    assert daemon.wait_exit() == 0
+    assert not daemon.socket.exists()
+
+
+def test_unreachable_without_autostart_exits_3(spawn) -> None:  # type: ignore[no-untyped-def]
+    d = spawn()
+    r = qwenctl(d, "status", "--no-autostart")
+    assert r.returncode == 3
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert "not running" in r.stderr and "start it with `qwenctxd`" in r.stderr
+    # stop and drain never start a daemon just to stop it
+    assert qwenctl(d, "stop").returncode == 3
+    assert not d.socket.exists()
+
+
+def test_autostart_starts_a_detached_daemon(spawn) -> None:  # type: ignore[no-untyped-def]
+    d = spawn()
+    t0 = time.monotonic()
+    r = qwenctl(d, "status", "--json")
+    assert r.returncode == 0, r.stderr
+    pid = json.loads(r.stdout)["pid"]
+    assert time.monotonic() - t0 < 10
+    log = d.home / ".local" / "state" / "qwenctxd" / "qwenctxd.log"
+    assert '"event": "serving"' in log.read_text()
+    # it outlives qwenctl; stop it through qwenctl
+    assert json.loads(qwenctl(d, "status", "--json").stdout)["pid"] == pid
+    r = qwenctl(d, "stop")
+    assert r.returncode == 0 and f"pid {pid}" in r.stdout
+
+
+def test_usage_error_exits_2(daemon: SpawnedDaemon) -> None:
+    assert qwenctl(daemon, "frobnicate").returncode == 2
+    assert qwenctl(daemon).returncode == 2
+
+
+def test_install_service_writes_units(daemon: SpawnedDaemon) -> None:
+    target = daemon.root / "units"
+    r = qwenctl(daemon, "install-service", "--dir", str(target), "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert sorted(out["written"]) == [str(target / "qwenctxd.service"),
+                                      str(target / "qwenctxd.socket")]
+    assert "systemctl --user enable --now qwenctxd.socket" in out["next"]
+    service = (target / "qwenctxd.service").read_text()
+    exec_line = next(x for x in service.splitlines() if x.startswith("ExecStart="))
+    exe = exec_line.removeprefix("ExecStart=").split()[0]
+    assert shutil.which(exe) is not None, exec_line  # an absolute, runnable path
+    assert "Type=notify" in service and "WatchdogSec=" in service
+    sock = (target / "qwenctxd.socket").read_text()
+    assert "SocketMode=0600" in sock and "DirectoryMode=0700" in sock
+    # default target: $XDG_CONFIG_HOME/systemd/user
+    r = qwenctl(daemon, "install-service")
+    assert r.returncode == 0
+    assert (daemon.home / ".config" / "systemd" / "user" / "qwenctxd.socket").exists()
+    assert "systemctl --user daemon-reload" in r.stdout
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
+def test_units_pass_systemd_analyze(daemon: SpawnedDaemon) -> None:
+    target = daemon.root / "units"
+    qwenctl(daemon, "install-service", "--dir", str(target))
+    r = subprocess.run(
+        ["systemd-analyze", "verify", "--user", "--man=no",
+         str(target / "qwenctxd.socket"), str(target / "qwenctxd.service")],
+        capture_output=True, text=True, env=daemon.env, timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    assert "qwenctxd" not in r.stderr
