@@ -50,8 +50,8 @@ async def eventually(check: Callable[[], bool], what: str) -> None:
 
 
 @asynccontextmanager
-async def running_hub(**kwargs: int) -> AsyncIterator[WatchHub]:
-    hub = WatchHub(**kwargs)
+async def running_hub() -> AsyncIterator[WatchHub]:
+    hub = WatchHub()
     async with anyio.create_task_group() as tg:
         await tg.start(hub.run)
         try:
@@ -223,9 +223,8 @@ async def test_cancel_is_prompt_and_idle_hub_is_ready(tmp_path: Path) -> None:
 async def test_start_failure_is_reported_and_retried(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import qwenctxd.watch.hub as hub_module
+    from watchfiles import awatch as real_awatch
 
-    real_awatch = hub_module.awatch
     calls = 0
 
     async def flaky_awatch(*args: Any, **kwargs: Any) -> AsyncIterator[set[FileChange]]:
@@ -236,7 +235,7 @@ async def test_start_failure_is_reported_and_retried(
         async for batch in real_awatch(*args, **kwargs):
             yield batch
 
-    monkeypatch.setattr(hub_module, "awatch", flaky_awatch)
+    monkeypatch.setattr("qwenctxd.watch.hub.awatch", flaky_awatch)
     rec = Recorder()
     async with running_hub() as hub:
         hub.watch("k", [tmp_path], rec)

@@ -197,8 +197,9 @@ class ConfigStore:
         settings = self._project_settings(proj) if layer.data else glob
         self._projects[root] = proj
         self._cache[root] = settings
-        self._file_roots[str(file)] = root
-        self._resubscribe(new_root=root)
+        if file != self.user_settings_file:
+            self._file_roots[str(file)] = root
+            self._resubscribe(new_root=root)
         return settings
 
     def _project_settings(self, proj: _Project) -> Settings:

@@ -394,7 +394,7 @@ class WatchHub:
 
     @staticmethod
     def _backoff(failures: int) -> float:
-        return min(_RETRY_MAX_S, _RETRY_FIRST_S * 2 ** max(0, failures - 1))
+        return float(min(_RETRY_MAX_S, _RETRY_FIRST_S * 2.0 ** max(0, failures - 1)))
 
     async def _wait_for_change(self, version: int, at_most_s: float | None) -> None:
         with anyio.move_on_after(at_most_s):
@@ -470,6 +470,7 @@ class WatchHub:
         if previous is not None:
             self.restarts += 1
         self._last = self._live = plan
+        self.last_error = None
         self._mark_synced(version)
         log.debug(
             "watch.registered",
