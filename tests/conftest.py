@@ -8,6 +8,8 @@ import pytest
 
 from qwenctxd.testing.spawn import SpawnedDaemon
 
+pytest_plugins = ["qwenctxd.testing.pytest_fixtures"]
+
 
 @pytest.fixture
 def spawn() -> Iterator[type[SpawnedDaemon]]:

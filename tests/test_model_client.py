@@ -1,8 +1,5 @@
 """ModelClient against the scripted OpenAI stub, over the real HTTP path of the openai SDK."""
 
-# The fixtures are imported by name (until tests/conftest.py wires the plugin), so pytest's
-# fixture-argument injection looks like a redefinition to ruff.
-# ruff: noqa: F811
 
 from __future__ import annotations
 
@@ -20,7 +17,6 @@ from qwenctxd.config.schema import ModelEndpoint
 from qwenctxd.model import Completion, ModelClient, parse_json_reply
 from qwenctxd.protocol.errors import MODEL_UNAVAILABLE, ModelUnavailable
 from qwenctxd.testing.openai_stub import Reply, ScriptedOpenAI, refused_base_url
-from qwenctxd.testing.pytest_fixtures import openai_stub, strict_openai_stub  # noqa: F401
 
 USER = [{"role": "user", "content": "Summarise the diff."}]
 SECRET = "sk-test-SECRET-0123456789"

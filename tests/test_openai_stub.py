@@ -1,8 +1,5 @@
 """The scripted OpenAI stub: wire shapes, script semantics, faults, strict validation, shutdown."""
 
-# The fixtures are imported by name (until tests/conftest.py wires the plugin), so pytest's
-# fixture-argument injection looks like a redefinition to ruff.
-# ruff: noqa: F811
 
 from __future__ import annotations
 
@@ -21,7 +18,6 @@ from qwenctxd.testing.openai_stub import (
     refused_base_url,
     validate_chat_body,
 )
-from qwenctxd.testing.pytest_fixtures import openai_stub  # noqa: F401
 
 USER = [{"role": "user", "content": "hi"}]
 
