@@ -7,6 +7,7 @@ Servers are measured in alternating rounds so machine noise hits both alike.
 
 from __future__ import annotations
 
+import os
 import statistics
 import subprocess
 import sys
@@ -26,6 +27,24 @@ def start_echo(sock: str) -> subprocess.Popen[str]:
                             stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
     return proc
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def idle_cpu_pct(seconds: float = 5.0) -> float:
+    """CPU used by an idle daemon (no clients) over ``seconds``, in % of one core."""
+    d = SpawnedDaemon()
+    try:
+        d.start(timeout=20)
+        time.sleep(1.0)
+        before = cpu_seconds(d.proc.pid)
+        time.sleep(seconds)
+        return (cpu_seconds(d.proc.pid) - before) / seconds * 100
+    finally:
+        d.cleanup()
 
 
 def startup_times(n: int = 5) -> tuple[list[float], list[int], bool]:
@@ -85,6 +104,7 @@ def main() -> dict[str, Any]:
         summary[f"ratio_p50/{conns}"] = (
             summary[f"daemon/{conns}"]["p50_us"] / summary[f"echo/{conns}"]["p50_us"]
         )
+    summary["idle_cpu_pct"] = idle_cpu_pct()
     path = save("ping", summary)
     print(f"daemon.ping vs bare asyncio echo (median of {ROUNDS} alternating rounds)")
     print(f"{'server':<10}{'clients':>8}{'p50 µs':>10}{'p99 µs':>10}{'req/s':>10}{'errors':>8}")
@@ -99,6 +119,7 @@ def main() -> dict[str, Any]:
           f"{summary['startup_s_median']:.3f} s (goal ≤ 0.6 s)")
     print(f"idle RSS: {summary['idle_rss_mb_median']:.1f} MB (goal ≤ 80 MB); "
           f"openai imported at idle: {openai_loaded}")
+    print(f"idle CPU over 5 s: {summary['idle_cpu_pct']:.2f} % of one core (goal ~0)")
     print(f"results: {path}")
     return summary
 

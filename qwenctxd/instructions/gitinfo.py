@@ -1,0 +1,190 @@
+"""What the prompt needs to know about git: the project root, the branch, recent commits.
+
+* :func:`find_project_root` — nearest ancestor holding ``.git`` (a directory, or a file as in
+  worktrees and submodules). Pure path checks, no subprocess.
+* :func:`read_head` / :func:`head_path` — the branch (or detached commit) straight from the
+  ``HEAD`` file, following a ``gitdir:`` pointer. Cheap enough for cache keys; the daemon
+  watches :func:`head_path` to notice checkouts.
+* :func:`git_status` — branch and the last few commits from real ``git`` subprocesses, bounded
+  by a timeout; it returns None rather than raising, since git status is optional context.
+* :func:`render_git_section` — the markdown block appended to the system prompt.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio
+import structlog
+
+log = structlog.get_logger(__name__)
+
+MAX_COMMITS = 5
+
+# Variables that would point git at some other repository than the one we ask about.
+_REPO_LOCATING_ENV = (
+    "GIT_DIR",
+    "GIT_WORK_TREE",
+    "GIT_INDEX_FILE",
+    "GIT_OBJECT_DIRECTORY",
+    "GIT_ALTERNATE_OBJECT_DIRECTORIES",
+    "GIT_COMMON_DIR",
+    "GIT_NAMESPACE",
+    "GIT_CEILING_DIRECTORIES",
+    "GIT_DISCOVERY_ACROSS_FILESYSTEM",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Commit:
+    """One commit as shown in the prompt."""
+
+    short_hash: str
+    subject: str
+
+
+@dataclass(frozen=True, slots=True)
+class GitStatus:
+    """Branch and recent commits of a repository.
+
+    ``branch`` is None when HEAD is detached; ``commits`` is empty on an unborn branch.
+    """
+
+    branch: str | None
+    commits: tuple[Commit, ...]
+
+
+def _has_git_marker(directory: Path) -> bool:
+    marker = directory / ".git"
+    return marker.is_dir() or marker.is_file()
+
+
+def find_project_root(start: Path) -> Path | None:
+    """The nearest directory from ``start`` upwards (inclusive) that holds ``.git``."""
+    current = Path(os.path.normpath(os.path.abspath(start)))
+    for directory in (current, *current.parents):
+        if _has_git_marker(directory):
+            return directory
+    return None
+
+
+def _git_dir(root: Path) -> Path | None:
+    """The git directory for ``root``: ``.git`` itself, or where a ``.git`` file points."""
+    marker = root / ".git"
+    if marker.is_dir():
+        return marker
+    try:
+        text = marker.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("gitdir:"):
+            target = Path(line.removeprefix("gitdir:").strip())
+            return target if target.is_absolute() else Path(os.path.normpath(root / target))
+    return None
+
+
+def head_path(root: Path) -> Path | None:
+    """The ``HEAD`` file of the repository at ``root`` (per worktree), or None."""
+    git_dir = _git_dir(root)
+    return None if git_dir is None else git_dir / "HEAD"
+
+
+def read_head(root: Path) -> str | None:
+    """The current branch name (``main``), the commit id when detached, or None if unreadable.
+
+    A symbolic ref outside ``refs/heads/`` is returned whole.
+    """
+    path = head_path(root)
+    if path is None:
+        return None
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace").strip()
+    except OSError:
+        return None
+    if text.startswith("ref:"):
+        ref = text.removeprefix("ref:").strip()
+        return ref.removeprefix("refs/heads/") or None
+    return text or None
+
+
+def _git_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in _REPO_LOCATING_ENV}
+    env.update(GIT_OPTIONAL_LOCKS="0", LC_ALL="C", GIT_TERMINAL_PROMPT="0")
+    return env
+
+
+async def _run(git: str, root: Path, *args: str, env: dict[str, str]) -> tuple[int, str]:
+    result = await anyio.run_process(
+        [git, "-C", str(root), "--no-pager", *args], check=False, env=env
+    )
+    return result.returncode, result.stdout.decode("utf-8", errors="replace")
+
+
+async def git_status(
+    root: Path, *, timeout_s: float = 1.0, max_commits: int = MAX_COMMITS
+) -> GitStatus | None:
+    """Branch and up to ``max_commits`` recent commits of the repository at ``root``.
+
+    None when ``root`` is not in a repository, git is not installed, git fails, or the whole
+    query takes longer than ``timeout_s`` (running processes are killed). Never raises.
+    """
+    git = shutil.which("git")
+    if git is None or timeout_s <= 0:
+        return None
+    env = _git_env()
+    results: dict[str, tuple[int, str]] = {}
+
+    async def run_into(key: str, *args: str) -> None:
+        results[key] = await _run(git, root, *args, env=env)
+
+    try:
+        with anyio.fail_after(timeout_s):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(run_into, "branch", "symbolic-ref", "--quiet", "--short", "HEAD")
+                tg.start_soon(
+                    run_into, "log", "log", f"-n{max_commits}", "-z", "--no-color",
+                    "--no-show-signature", "--format=%h%x1f%s",
+                )
+    except TimeoutError:
+        log.debug("git_status.timeout", root=str(root), timeout_s=timeout_s)
+        return None
+    except OSError as exc:
+        log.debug("git_status.failed", root=str(root), error=type(exc).__name__)
+        return None
+
+    branch_rc, branch_out = results["branch"]
+    if branch_rc not in (0, 1):  # 1 = detached HEAD; anything else = not a repository
+        return None
+    log_rc, log_out = results["log"]
+    commits: list[Commit] = []
+    if log_rc == 0:  # non-zero on an unborn branch: no commits yet
+        for record in log_out.split("\0"):
+            short_hash, sep, subject = record.strip("\n").partition("\x1f")
+            if sep:
+                commits.append(Commit(short_hash, subject.strip()))
+    branch = branch_out.strip() if branch_rc == 0 else None
+    return GitStatus(branch=branch or None, commits=tuple(commits))
+
+
+def render_git_section(status: GitStatus | None) -> str:
+    """A short markdown block describing ``status``; ``""`` for None."""
+    if status is None:
+        return ""
+    lines = ["# Git Status", "", "A snapshot taken when this prompt was built; run git for "
+             "the current state."]
+    if status.branch is not None:
+        lines.append(f"Current branch: `{status.branch}`")
+    elif status.commits:
+        lines.append(f"HEAD is detached at `{status.commits[0].short_hash}`")
+    else:
+        lines.append("HEAD is detached.")
+    if status.commits:
+        lines.append("Recent commits, newest first:")
+        lines.extend(f"- {c.short_hash} {c.subject}" for c in status.commits)
+    else:
+        lines.append("No commits yet.")
+    return "\n".join(lines)

@@ -1,0 +1,58 @@
+"""Compose the full system prompt: base sections, then userMemory and the append text each
+behind the ``---`` separator (empty → nothing, not even the separator), then git status."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SEPARATOR = "\n\n---\n\n"
+PROMPT_ENV_KEYS = (
+    "SANDBOX",
+    "QWEN_SYSTEM_MD",
+    "QWEN_WRITE_SYSTEM_MD",
+    "QWEN_SYSTEM_IDENTITY_MD",
+    "QWEN_CODE_TOOL_CALL_STYLE",
+)
+
+
+def suffix(text: str | None) -> str:
+    """``"\\n\\n---\\n\\n" + text`` for non-blank text; "" otherwise (no orphan separator)."""
+    trimmed = (text or "").strip()
+    return SEPARATOR + trimmed if trimmed else ""
+
+
+@dataclass
+class Composed:
+    text: str
+    sections: list[tuple[str, int]]  # (name, chars) — chars include separators before it
+
+
+def compose(
+    base: list[tuple[str, str]],
+    *,
+    instructions: str,
+    memory_section: str,
+    append: str | None,
+    git_section: str,
+) -> Composed:
+    sections: list[tuple[str, int]] = []
+    parts: list[str] = []
+    for i, (name, text) in enumerate(base):
+        piece = text if i == 0 else "\n\n" + text
+        parts.append(piece)
+        sections.append((name, len(piece)))
+    # userMemory = QWEN.md text (+ rules), then the auto-memory section behind its own ---;
+    # as a whole it sits behind one --- after the base.
+    for name, piece in (("instructions", suffix(instructions)), ("memory", suffix(memory_section))):
+        if piece:
+            parts.append(piece)
+            sections.append((name, len(piece)))
+    app = suffix(append)
+    if app:
+        parts.append(app)
+        sections.append(("append", len(app)))
+    if git_section.strip():
+        piece = "\n\n" + git_section.strip()
+        parts.append(piece)
+        sections.append(("git_status", len(piece)))
+    return Composed(text="".join(parts), sections=sections)
