@@ -129,7 +129,9 @@ def test_tree_success_and_code_regions_stay_verbatim(root: Path) -> None:
         "real: @./x.md\n"
     )
     res = run(root, text)
-    expected_import = "<!-- Imported from: ./x.md -->\nX body\n\n<!-- End of import from: ./x.md -->"
+    expected_import = (
+        "<!-- Imported from: ./x.md -->\nX body\n\n<!-- End of import from: ./x.md -->"
+    )
     assert res.text == text.replace("real: @./x.md", "real: " + expected_import)
     assert res.text.count("@./x.md") == 4
     assert res.imports == [x]
@@ -192,7 +194,9 @@ def test_tree_traversal_refused(root: Path) -> None:
 def test_tree_dotdot_staying_inside_root_is_fine(root: Path) -> None:
     write(root / "a" / "b.md", "B")
     write(root / "c.md", "C")
-    res = process_imports("@../c.md", root / "a", project_root=root, current_file=root / "a" / "b.md")
+    res = process_imports(
+        "@../c.md", root / "a", project_root=root, current_file=root / "a" / "b.md"
+    )
     assert "C" in res.text and res.problems == []
 
 
@@ -347,7 +351,10 @@ def test_flat_paths_relative_to_root_with_subdirs(root: Path) -> None:
     write(root / "docs" / "a.md", "A @../lib/b.md")
     write(root / "lib" / "b.md", "B")
     res = process_imports(
-        "@./a.md", root / "docs", project_root=root, current_file=root / "docs" / "QWEN.md",
+        "@./a.md",
+        root / "docs",
+        project_root=root,
+        current_file=root / "docs" / "QWEN.md",
         fmt="flat",
     )
     assert "--- File: docs/a.md ---" in res.text
@@ -399,10 +406,42 @@ def fuzz_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 _PIECES = st.sampled_from(
     [
-        "@./a.md", "@./b.md", "@sub/c.md", "@../outside.md", "@up/outside.md", "@./link.md",
-        "@/etc/passwd", "@./bad.md", "@./dir.md", "@http://x", "@file:///etc", "@./missing",
-        "@", "@@./a.md", "a@b.md", "`", "``", "```", "~~~", "\n", "\r", "\r\n", " ", "\t",
-        "    ", "> ", "- ", "\\", "text", "\x00", "é", "@./a.md\x00", "[l](", ")", "<", ">",
+        "@./a.md",
+        "@./b.md",
+        "@sub/c.md",
+        "@../outside.md",
+        "@up/outside.md",
+        "@./link.md",
+        "@/etc/passwd",
+        "@./bad.md",
+        "@./dir.md",
+        "@http://x",
+        "@file:///etc",
+        "@./missing",
+        "@",
+        "@@./a.md",
+        "a@b.md",
+        "`",
+        "``",
+        "```",
+        "~~~",
+        "\n",
+        "\r",
+        "\r\n",
+        " ",
+        "\t",
+        "    ",
+        "> ",
+        "- ",
+        "\\",
+        "text",
+        "\x00",
+        "é",
+        "@./a.md\x00",
+        "[l](",
+        ")",
+        "<",
+        ">",
     ]
 )
 
@@ -410,7 +449,7 @@ _PIECES = st.sampled_from(
 @settings(
     max_examples=300,
     deadline=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+    suppress_health_check=[HealthCheck.too_slow],
 )
 @given(
     pieces=st.lists(st.one_of(_PIECES, st.text(max_size=5)), max_size=40),
@@ -430,8 +469,14 @@ def test_fuzz_never_raises_never_escapes(
 
     for rd in (None, reader):
         res = process_imports(
-            text, fuzz_root, project_root=fuzz_root, current_file=fuzz_root / "QWEN.md",
-            fmt=fmt, max_depth=depth, max_file_bytes=64, read=rd,  # type: ignore[arg-type]
+            text,
+            fuzz_root,
+            project_root=fuzz_root,
+            current_file=fuzz_root / "QWEN.md",
+            fmt=fmt,
+            max_depth=depth,
+            max_file_bytes=64,
+            read=rd,  # type: ignore[arg-type]
         )
         assert isinstance(res.text, str)
         assert "OUTSIDE-SECRET" not in res.text

@@ -34,9 +34,6 @@ class AsyncClient:
         self._ids = itertools.count(1)
         self._pending: dict[int, anyio.Event] = {}
         self._replies: dict[int, dict[str, Any]] = {}
-        self._notes_send, self._notes_recv = anyio.create_memory_object_stream[dict[str, Any]](
-            math.inf
-        )
         self._stream: anyio.abc.SocketStream | None = None
         self._tg: anyio.abc.TaskGroup | None = None
         self._lock = anyio.Lock()
@@ -51,6 +48,9 @@ class AsyncClient:
             raise DaemonUnreachable(str(self.path), "connection refused (stale socket?)") from None
         except OSError as exc:
             raise DaemonUnreachable(str(self.path), exc.strerror or type(exc).__name__) from None
+        self._notes_send, self._notes_recv = anyio.create_memory_object_stream[dict[str, Any]](
+            math.inf
+        )
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
         self._tg.start_soon(self._reader)
