@@ -17,7 +17,6 @@ from qwenctxd.instructions.base_prompt import (
     sandbox_section,
 )
 from qwenctxd.instructions.system_md import (
-    SYSTEM_PROMPT_FILE_ERROR,
     SystemIdentityFileError,
     SystemPromptFileMissing,
     load_identity,
@@ -26,7 +25,7 @@ from qwenctxd.instructions.system_md import (
     write_system_md,
 )
 from qwenctxd.instructions.tool_examples import examples, select_style
-from qwenctxd.protocol.errors import QwenctxdError
+from qwenctxd.protocol.errors import SYSTEM_PROMPT_FILE_ERROR, QwenctxdError
 
 # --- tool-call style ------------------------------------------------------------------------
 
@@ -83,9 +82,14 @@ def test_examples_use_each_style_syntax() -> None:
     assert "[tool_call: run_shell_command for 'npm run dev' in the background]" in general
     assert "<tool_call>" not in general
     gemma = examples("gemma4")
-    assert '<|tool_call>call:run_shell_command{command:<|"|>npm run dev<|"|>,is_background:true}' in gemma
+    assert (
+        '<|tool_call>call:run_shell_command{command:<|"|>npm run dev<|"|>,is_background:true}'
+        in gemma
+    )
     # Same scenarios in every style.
-    counts = {s: examples(s).count("<example>") for s in ("qwen-coder", "qwen-vl", "general", "gemma4")}
+    counts = {
+        s: examples(s).count("<example>") for s in ("qwen-coder", "qwen-vl", "general", "gemma4")
+    }
     assert len(set(counts.values())) == 1 and counts["general"] >= 5
     assert len(payloads) == general.count("[tool_call:")
 
@@ -281,8 +285,12 @@ def test_write_system_md_failure_is_logged_not_raised(dirs: tuple[Path, Path]) -
 
 def test_identity_unset_or_switch_is_ignored(dirs: tuple[Path, Path]) -> None:
     cwd, home = dirs
-    for env in ({}, {"QWEN_SYSTEM_IDENTITY_MD": ""}, {"QWEN_SYSTEM_IDENTITY_MD": "1"},
-                {"QWEN_SYSTEM_IDENTITY_MD": "false"}):
+    for env in (
+        {},
+        {"QWEN_SYSTEM_IDENTITY_MD": ""},
+        {"QWEN_SYSTEM_IDENTITY_MD": "1"},
+        {"QWEN_SYSTEM_IDENTITY_MD": "false"},
+    ):
         assert load_identity(env, home, cwd=cwd) is None
 
 

@@ -16,10 +16,20 @@ from qwenctxd.instructions.gitinfo import (
     head_path,
     read_head,
     render_git_section,
+    resolve_common_dir,
+    resolve_git_dir,
 )
 
-GIT_ID = ["-c", "user.name=Test", "-c", "user.email=test@example.invalid",
-          "-c", "commit.gpgsign=false", "-c", "init.defaultBranch=main"]
+GIT_ID = [
+    "-c",
+    "user.name=Test",
+    "-c",
+    "user.email=test@example.invalid",
+    "-c",
+    "commit.gpgsign=false",
+    "-c",
+    "init.defaultBranch=main",
+]
 
 
 def git(cwd: Path, *args: str) -> str:
@@ -90,6 +100,9 @@ def test_read_head_worktree(worktree: Path, repo: Path) -> None:
     path = head_path(worktree)
     assert path is not None and path.is_file()
     assert path.parent.parent == repo / ".git" / "worktrees"
+    assert resolve_git_dir(worktree) == path.parent
+    assert resolve_common_dir(worktree) == repo / ".git"
+    assert resolve_common_dir(repo) == resolve_git_dir(repo) == repo / ".git"
 
 
 def test_read_head_detached_and_missing(tmp_path: Path, repo: Path) -> None:
@@ -146,6 +159,20 @@ async def test_git_status_timeout(repo: Path) -> None:
     assert await git_status(repo, timeout_s=0.000001) is None
     assert await git_status(repo, timeout_s=0) is None
     assert time.monotonic() - start < 0.5
+
+
+@pytest.mark.asyncio
+async def test_git_status_kills_a_hung_git(
+    repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = tmp_path / "bin" / "git"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\nexec sleep 30\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", str(fake.parent))
+    start = time.monotonic()
+    assert await git_status(repo, timeout_s=0.2) is None
+    assert time.monotonic() - start < 2
 
 
 @pytest.mark.asyncio

@@ -189,6 +189,9 @@ def test_tree_traversal_refused(root: Path) -> None:
     )
     assert kinds(res) == ["traversal", "traversal"]
     assert res.imports == []
+    nul = run(root, "@./QW\x00EN.md")
+    assert nul.text == "<!-- Import failed: ./QW\x00EN.md - Path traversal attempt -->"
+    assert kinds(nul) == ["traversal"]
 
 
 def test_tree_dotdot_staying_inside_root_is_fine(root: Path) -> None:

@@ -24,6 +24,7 @@ from qwenctxd.instructions.imports import process_imports
 from qwenctxd.instructions.rules import RuleSet, load_rules
 
 ANY_MD = "*.md"
+EXPANDED_CAP_FACTOR = 8  # a file with its imports may be 8x the per-file cap
 
 
 @dataclass
@@ -150,6 +151,14 @@ def _load_one(f: InstructionFile, cwd: Path, import_format: str, cap: int,
     for p in result.problems:
         problems.append(Problem(Path(p.file), f"import_{p.kind}", f"@{p.target}: {p.message}"))
     content = result.text.strip()
+    expanded_cap = cap * EXPANDED_CAP_FACTOR
+    if len(content) > expanded_cap:  # a high fan-out of imports repeats shared files
+        problems.append(Problem(f.path, "too_large",
+                                f"{len(content)} chars after imports, over {expanded_cap}: "
+                                f"truncated"))
+        content = (content[:expanded_cap] + f"\n[... truncated: {f.path.name} with its imports "
+                   f"is over {expanded_cap} characters ...]")
+        truncated = True
     if content:
         blocks.append(wrap(content, marker_path(f.path, cwd)))
     return LoadedFile(path=f.path, type=f.type, bytes=size, imports=list(result.imports),

@@ -21,6 +21,7 @@ from qwenctxd.instructions.tool_examples import STYLE_ENV, examples, select_styl
 
 InteractionMode: TypeAlias = Literal["interactive", "headless", "acp"]
 
+
 @dataclass(frozen=True, slots=True)
 class BasePromptInputs:
     """Everything the base prompt depends on; nothing is read from globals."""
@@ -57,9 +58,9 @@ class BasePromptInputs:
 
 
 _ROLES: dict[InteractionMode, str] = {
-    "interactive": "an interactive command-line agent",
-    "headless": "an autonomous agent running without a person at the keyboard",
-    "acp": "an agent working for the user through their editor (an ACP host)",
+    "interactive": "an interactive command-line coding agent",
+    "headless": "a coding agent running unattended, with no person at the keyboard",
+    "acp": "a coding agent working for the user through their editor (an ACP host)",
 }
 
 _QUESTIONS: dict[InteractionMode, str] = {
@@ -83,8 +84,8 @@ def identity_section(mode: InteractionMode, identity_text: str | None = None) ->
     if identity_text is not None and identity_text.strip():
         return identity_text.strip()
     return (
-        f"You are Qwen Code, {_ROLES[mode]} for software engineering. You help the user read, "
-        "change, build and debug their code using the tools available to you. Follow the "
+        f"You are Qwen Code, {_ROLES[mode]}. Your field is software engineering: you help the "
+        "user read, change, build and debug their code with the tools available to you. Follow the "
         "guidance below, and prefer the user's explicit instructions whenever they conflict "
         "with it."
     )

@@ -2,6 +2,7 @@
 
 * :func:`find_project_root` — nearest ancestor holding ``.git`` (a directory, or a file as in
   worktrees and submodules). Pure path checks, no subprocess.
+* :func:`resolve_git_dir` / :func:`resolve_common_dir` — where a root's git data lives.
 * :func:`read_head` / :func:`head_path` — the branch (or detached commit) straight from the
   ``HEAD`` file, following a ``gitdir:`` pointer. Cheap enough for cache keys; the daemon
   watches :func:`head_path` to notice checkouts.
@@ -12,12 +13,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 import anyio
+import anyio.lowlevel
 import structlog
 
 log = structlog.get_logger(__name__)
@@ -71,8 +76,12 @@ def find_project_root(start: Path) -> Path | None:
     return None
 
 
-def _git_dir(root: Path) -> Path | None:
-    """The git directory for ``root``: ``.git`` itself, or where a ``.git`` file points."""
+def resolve_git_dir(root: Path) -> Path | None:
+    """The git directory for ``root``: ``.git`` itself, or where a ``.git`` file points.
+
+    For a linked worktree this is its private directory (``<main>/.git/worktrees/<name>``),
+    which holds that worktree's ``HEAD``; shared refs live in :func:`resolve_common_dir`.
+    """
     marker = root / ".git"
     if marker.is_dir():
         return marker
@@ -87,9 +96,27 @@ def _git_dir(root: Path) -> Path | None:
     return None
 
 
+def resolve_common_dir(root: Path) -> Path | None:
+    """The directory holding shared refs (``refs/heads``, ``packed-refs``) for ``root``.
+
+    The git dir itself, unless it has a ``commondir`` file (linked worktrees) naming another.
+    """
+    git_dir = resolve_git_dir(root)
+    if git_dir is None:
+        return None
+    try:
+        pointer = (git_dir / "commondir").read_text(encoding="utf-8", errors="replace").strip()
+    except OSError:
+        return git_dir
+    if not pointer:
+        return git_dir
+    target = Path(pointer)
+    return target if target.is_absolute() else Path(os.path.normpath(git_dir / target))
+
+
 def head_path(root: Path) -> Path | None:
     """The ``HEAD`` file of the repository at ``root`` (per worktree), or None."""
-    git_dir = _git_dir(root)
+    git_dir = resolve_git_dir(root)
     return None if git_dir is None else git_dir / "HEAD"
 
 
@@ -118,10 +145,35 @@ def _git_env() -> dict[str, str]:
 
 
 async def _run(git: str, root: Path, *args: str, env: dict[str, str]) -> tuple[int, str]:
-    result = await anyio.run_process(
-        [git, "-C", str(root), "--no-pager", *args], check=False, env=env
-    )
-    return result.returncode, result.stdout.decode("utf-8", errors="replace")
+    """Run one git command; (exit code, stdout). Cancellation kills and reaps the process."""
+    await anyio.lowlevel.checkpoint()  # an expired deadline cancels here, before spawning
+    # The spawn itself is shielded: cancelling half-way through process creation can leave
+    # a child that the event loop's watcher and subprocess' reaper race for.
+    with anyio.CancelScope(shield=True):
+        proc = await anyio.open_process(
+            [git, "-C", str(root), "--no-pager", *args],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env=env,
+        )
+    chunks: list[bytes] = []
+    async with proc:
+        try:
+            if proc.stdout is not None:
+                async for chunk in proc.stdout:
+                    chunks.append(chunk)
+            returncode = await proc.wait()
+        except BaseException:
+            # Signal the pid directly: Process.kill() polls (waitpid) first, which can reap the
+            # child under the loop's watcher and make asyncio log "Unknown child process".
+            with anyio.CancelScope(shield=True):
+                if proc.returncode is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(proc.pid, signal.SIGKILL)
+                await proc.wait()
+            raise
+    return returncode, b"".join(chunks).decode("utf-8", errors="replace")
 
 
 async def git_status(
@@ -146,8 +198,14 @@ async def git_status(
             async with anyio.create_task_group() as tg:
                 tg.start_soon(run_into, "branch", "symbolic-ref", "--quiet", "--short", "HEAD")
                 tg.start_soon(
-                    run_into, "log", "log", f"-n{max_commits}", "-z", "--no-color",
-                    "--no-show-signature", "--format=%h%x1f%s",
+                    run_into,
+                    "log",
+                    "log",
+                    f"-n{max_commits}",
+                    "-z",
+                    "--no-color",
+                    "--no-show-signature",
+                    "--format=%h%x1f%s",
                 )
     except TimeoutError:
         log.debug("git_status.timeout", root=str(root), timeout_s=timeout_s)
@@ -174,8 +232,11 @@ def render_git_section(status: GitStatus | None) -> str:
     """A short markdown block describing ``status``; ``""`` for None."""
     if status is None:
         return ""
-    lines = ["# Git Status", "", "A snapshot taken when this prompt was built; run git for "
-             "the current state."]
+    lines = [
+        "# Git Status",
+        "",
+        "A snapshot taken when this prompt was built; run git for the current state.",
+    ]
     if status.branch is not None:
         lines.append(f"Current branch: `{status.branch}`")
     elif status.commits:

@@ -258,7 +258,7 @@ class _Ctx:
             self.problem(file, target, "url", f"URL imports are not allowed: {target}")
             return None
         if "\x00" in target:
-            self.problem(file, target, "unreadable", "path contains a NUL byte")
+            self.problem(file, target, "traversal", "path contains a NUL byte")
             return None
         lexical = os.path.normpath(os.path.join(base_dir, target))
         real = os.path.realpath(lexical)

@@ -102,7 +102,7 @@ class InstructionsService:
     def _home(self) -> Path:
         return Path(self._environ.get("HOME") or os.path.expanduser("~"))
 
-    def _qwen_dir(self) -> Path:
+    def qwen_dir(self) -> Path:
         q = self._environ.get("QWEN_HOME")
         return Path(q).expanduser() if q else self._home() / ".qwen"
 
@@ -143,7 +143,7 @@ class InstructionsService:
             cwd,
             filenames=c.file_name if isinstance(c.file_name, list) else [c.file_name],
             home=self._home(),
-            qwen_dir=self._qwen_dir(),
+            qwen_dir=self.qwen_dir(),
             extension_paths=self._extension_paths(),
             include_dirs=[Path(d).expanduser() for d in c.include_directories]
             if c.load_from_include_directories else [],
@@ -268,7 +268,7 @@ class InstructionsService:
                 in_git_repo=inst.project_root is not None,
                 interaction_mode=interaction_mode,  # type: ignore[arg-type]
                 tool_call_style_env=env.get("QWEN_CODE_TOOL_CALL_STYLE"),
-                identity_text=system_md.load_identity(env, home),
+                identity_text=system_md.load_identity(env, home, cwd=cwd),
             )
             base = base_prompt.base_sections(inputs)
             system_md.write_system_md(env, cwd, home, "\n\n".join(t for _, t in base).strip())
@@ -303,12 +303,15 @@ class InstructionsService:
 
 
 def _git_deps(root: Path) -> dict[Path, set[str]]:
+    """What to watch so a branch switch or a new commit refreshes the git section: the HEAD
+    of the (work tree's) git dir, and the branch refs and packed-refs of the common dir."""
     gitdir = gitinfo.resolve_git_dir(root)
     if gitdir is None:
         return {}
-    deps: dict[Path, set[str]] = {gitdir: {"HEAD", "packed-refs"}}
-    heads = gitdir / "refs" / "heads"
-    deps[heads] = {"*"}
+    common = gitinfo.resolve_common_dir(root) or gitdir
+    deps: dict[Path, set[str]] = {gitdir: {"HEAD"}}
+    deps.setdefault(common, set()).add("packed-refs")
+    deps[common / "refs" / "heads"] = {"*"}
     if (root / ".git").is_file():
         deps.setdefault(root, set()).add(".git")
     return deps

@@ -20,11 +20,10 @@ import os
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
 
 import structlog
 
-from qwenctxd.protocol.errors import QwenctxdError
+from qwenctxd.protocol.errors import Reason, SystemPromptFileError
 
 log = structlog.get_logger(__name__)
 
@@ -32,26 +31,8 @@ SYSTEM_MD_ENV = "QWEN_SYSTEM_MD"
 WRITE_SYSTEM_MD_ENV = "QWEN_WRITE_SYSTEM_MD"
 IDENTITY_ENV = "QWEN_SYSTEM_IDENTITY_MD"
 
-#: JSON-RPC domain code for a configured system prompt/identity file that cannot be used.
-SYSTEM_PROMPT_FILE_ERROR = -32010
-
 _OFF = frozenset({"0", "false"})
 _ON = frozenset({"1", "true"})
-
-Reason = Literal["missing", "empty", "unresolvable", "unreadable"]
-
-
-class SystemPromptFileError(QwenctxdError):
-    """A system prompt file named by the environment cannot be used; ``data`` names it."""
-
-    code = SYSTEM_PROMPT_FILE_ERROR
-    default_message = "System prompt file error"
-
-    def __init__(self, message: str, *, path: str, reason: Reason) -> None:
-        self.path = path
-        self.reason = reason
-        super().__init__(message, data={"path": path, "reason": reason})
-
 
 class SystemPromptFileMissing(SystemPromptFileError):
     """``QWEN_SYSTEM_MD`` is enabled but its file does not exist."""

@@ -87,8 +87,11 @@ _SCENARIOS: tuple[tuple[_Step, ...], ...] = (
         "model: I'll search for it.",
         _Call("grep_search", (("pattern", r"timeout\s*="),), r"'timeout\s*='"),
         "(one match: src/http/client.py, line 12)",
-        _Call("read_file", (("file_path", f"{_APP}/src/http/client.py"),),
-              f"'{_APP}/src/http/client.py'"),
+        _Call(
+            "read_file",
+            (("file_path", f"{_APP}/src/http/client.py"),),
+            f"'{_APP}/src/http/client.py'",
+        ),
         "model: In src/http/client.py, line 12: `timeout=30` (seconds), passed to every request.",
     ),
     (
@@ -122,8 +125,9 @@ _SCENARIOS: tuple[tuple[_Step, ...], ...] = (
     (
         "user: delete the build folder",
         "model: This permanently removes build/ and everything in it.",
-        _Call("run_shell_command", (("command", f"rm -rf {_APP}/build"),),
-              f"'rm -rf {_APP}/build'"),
+        _Call(
+            "run_shell_command", (("command", f"rm -rf {_APP}/build"),), f"'rm -rf {_APP}/build'"
+        ),
     ),
 )
 

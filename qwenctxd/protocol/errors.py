@@ -7,7 +7,7 @@ is structured detail a client may act on (a field name, a path, a pid, rule ids)
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 # JSON-RPC 2.0 standard codes.
 PARSE_ERROR = -32700
@@ -23,6 +23,8 @@ PATH_OUTSIDE_PROJECT = -32003
 SECRET_DETECTED = -32004
 BUSY = -32005
 LOCK_HELD = -32006
+SYSTEM_PROMPT_FILE_ERROR = -32010
+
 
 
 class QwenctxdError(Exception):
@@ -121,6 +123,22 @@ class LockHeld(QwenctxdError):
     default_message = "Lock held by another process"
 
 
+Reason = Literal["missing", "empty", "unresolvable", "unreadable"]
+
+
+class SystemPromptFileError(QwenctxdError):
+    """A system prompt / identity file named by QWEN_SYSTEM_MD or QWEN_SYSTEM_IDENTITY_MD
+    cannot be used; ``data`` names the path and the reason."""
+
+    code = SYSTEM_PROMPT_FILE_ERROR
+    default_message = "System prompt file error"
+
+    def __init__(self, message: str, *, path: str, reason: Reason) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(message, data={"path": path, "reason": reason})
+
+
 class ConfigError(Exception):
     """Invalid configuration: names the file, the key and the problem. Not a wire error."""
 
@@ -143,5 +161,6 @@ ERROR_CLASSES: dict[int, type[QwenctxdError]] = {
         SecretDetected,
         Busy,
         LockHeld,
+        SystemPromptFileError,
     )
 }

@@ -24,6 +24,7 @@ from qwenctxd import PROTOCOL_VERSION, __version__
 from qwenctxd.config import ConfigStore
 from qwenctxd.config.schema import Settings
 from qwenctxd.events import EventBus
+from qwenctxd.instructions.service import InstructionsService
 from qwenctxd.model import ModelClient
 from qwenctxd.paths import ensure_private_dir, pid_path
 from qwenctxd.protocol import daemon as wire
@@ -53,17 +54,21 @@ class Daemon:
         self.activated_fd = activated_fd
         self.state = "starting"
         self.started_monotonic = time.monotonic()
+        self.status_contributors: list[StatusContributor] = []
         self.bus = EventBus()
         self.tasks = TaskRegistry()
         self.tasks.add_listener(self._on_task_event)
         self.hub = WatchHub()
         self.model = ModelClient(self.settings.endpoint())
+        self.instructions = InstructionsService(
+            config, self.hub, self.tasks, on_rebuild=lambda: self.bump("instructions_rebuilds")
+        )
+        self.status_contributors.append(self._projects_status)
         self.dispatcher = Dispatcher(is_stopping=lambda: self.state != "serving")
         self.in_flight_requests = 0
         self._requests_idle = anyio.Event()
         self.connections = 0
         self.counters: dict[str, int] = {}
-        self.status_contributors: list[StatusContributor] = []
         self._lock = PidLock(pid_path(socket_path))
         self._bound_here = False
         self._stop = anyio.Event()
@@ -252,6 +257,16 @@ class Daemon:
         self.model.update(settings.endpoint())
         self.bus.publish("config/changed", {"generation": self.config.generation})
         log.info("config reloaded", generation=self.config.generation)
+
+    def _projects_status(self, st: wire.StatusResult) -> None:
+        known = {p.root: p for p in st.projects}
+        for root, watched in self.instructions.projects():
+            entry = known.get(str(root))
+            if entry is None:
+                entry = wire.ProjectSummary(root=str(root))
+                st.projects.append(entry)
+                known[entry.root] = entry
+            entry.watchers += watched
 
     def status(self) -> wire.StatusResult:
         tasks = self.tasks

@@ -1,0 +1,95 @@
+"""Handlers of ``prompt.system`` and ``instructions.*`` (files, add_memory)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import anyio
+
+from qwenctxd.instructions import add_memory as memory_file
+from qwenctxd.instructions.discovery import normalize_filenames
+from qwenctxd.protocol import errors
+from qwenctxd.protocol import instructions as wire
+from qwenctxd.server.dispatch import MethodSpec
+
+if TYPE_CHECKING:
+    from qwenctxd.server.app import Daemon
+    from qwenctxd.server.connection import Connection
+
+
+def checked_cwd(value: str, field: str = "cwd") -> Path:
+    """An absolute, existing directory, or InvalidParams naming ``field``."""
+    if not value or not os.path.isabs(value):
+        raise errors.InvalidParams(f"{field} must be an absolute path",
+                                   data={"field": field, "message": "not absolute"})
+    path = Path(os.path.normpath(value))
+    if not path.is_dir():
+        raise errors.InvalidParams(f"{field} is not an existing directory: {value}",
+                                   data={"field": field, "message": "no such directory"})
+    return path
+
+
+def _problems(problems: list) -> list[wire.Problem]:  # type: ignore[type-arg]
+    return [wire.Problem(path=str(p.path), kind=p.kind, message=p.message) for p in problems]
+
+
+def register(daemon: Daemon) -> None:
+    service = daemon.instructions
+
+    async def prompt_system(ctx: Connection, p: wire.PromptSystemParams) -> wire.PromptSystemResult:
+        cwd = checked_cwd(p.cwd)
+        sp = await service.system_prompt(cwd, model=p.model, append=p.append,
+                                         interaction_mode=p.interaction_mode, env=p.env)
+        return wire.PromptSystemResult(
+            text=sp.text,
+            sections=[wire.Section(name=n, chars=c, est_tokens=t) for n, c, t in sp.sections],
+            files=[wire.PromptFile(path=path, type=kind) for path, kind in sp.files],
+            prefix_hash=sp.prefix_hash,
+            project_root=str(sp.project_root) if sp.project_root else None,
+            errors=_problems(sp.problems),
+        )
+
+    async def files(ctx: Connection, p: wire.CwdParams) -> wire.InstructionsFilesResult:
+        cwd = checked_cwd(p.cwd)
+        inst = await service.instruction_set(cwd)
+        rules = [
+            wire.RuleInfo(path=str(r.path), conditional=False, paths=[], bytes=len(r.body))
+            for r in inst.rules.baseline
+        ] + [
+            wire.RuleInfo(path=str(r.path), conditional=True, paths=list(r.patterns),
+                          bytes=len(r.body))
+            for r in inst.rules.conditional
+        ]
+        return wire.InstructionsFilesResult(
+            files=[
+                wire.FileInfo(path=str(f.path), type=f.type, imports=[str(i) for i in f.imports],
+                              bytes=f.bytes, truncated=f.truncated)
+                for f in inst.files
+            ],
+            errors=_problems(inst.problems),
+            rules=rules,
+            project_root=str(inst.project_root) if inst.project_root else None,
+        )
+
+    async def add_memory(ctx: Connection, p: wire.AddMemoryParams) -> wire.AddMemoryResult:
+        cwd = checked_cwd(p.cwd)
+        if not p.text.strip():
+            raise errors.InvalidParams("text is empty", data={"field": "text", "message": "empty"})
+        settings = service.settings_for(cwd)
+        name = normalize_filenames(settings.context.file_name)[0]
+        if p.scope == "global":
+            target = service.qwen_dir() / name
+        else:
+            target = (service.project_root(cwd) or cwd) / name
+        path = await anyio.to_thread.run_sync(memory_file.add_memory, target, p.text)
+        service.invalidate_path(path)
+        return wire.AddMemoryResult(path=str(path))
+
+    for spec in (
+        MethodSpec("prompt.system", wire.PromptSystemParams, prompt_system),
+        MethodSpec("instructions.files", wire.CwdParams, files),
+        MethodSpec("instructions.add_memory", wire.AddMemoryParams, add_memory),
+    ):
+        daemon.dispatcher.register(spec)
