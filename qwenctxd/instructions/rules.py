@@ -117,3 +117,14 @@ def load_rules(root: Path) -> RuleSet:
         if good:
             rs.conditional.append(Rule(path=path, body=body, patterns=good, _matcher=matcher))
     return rs
+
+
+def rule_reminder(path: Path, root: Path, body: str) -> str:
+    """The system-reminder text that delivers a conditional rule once it applies."""
+    rel = relative_to_root(path, root) or str(path)
+    return (
+        "<system-reminder>\n"
+        f"The project rule {rel} applies to files you are working on now:\n\n"
+        f"{body.strip()}\n"
+        "</system-reminder>"
+    )

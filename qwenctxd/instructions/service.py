@@ -152,15 +152,21 @@ class InstructionsService:
 
     def _watch(self, cwd: Path, value: InstructionSet) -> None:
         deps = value.deps
+        prints = value.fingerprints
 
         async def on_change(changes: set[tuple[Any, str]]) -> None:
             for _, raw in changes:
                 p = Path(raw)
                 names = deps.get(p.parent)
-                if names is not None and _matches(names, p.name):
-                    log.debug("instructions changed", path=raw, cwd=str(cwd))
-                    self.invalidate_cwd(cwd)
-                    return
+                if names is None or not _matches(names, p.name):
+                    continue
+                # a re-synced watcher may report files that were already there: only a real
+                # difference from what the build saw counts
+                if p in prints and assemble.fingerprint(p) == prints[p]:
+                    continue
+                log.debug("instructions changed", path=raw, cwd=str(cwd))
+                self.invalidate_cwd(cwd)
+                return
 
         self._hub.watch(f"instructions:{cwd}", deps.keys(), on_change)
 
@@ -202,6 +208,7 @@ class InstructionsService:
         if entry is not None:
             return entry.section, entry.epoch
         epoch = self._git_epochs.get(root, 0)
+        prints = {p: assemble.fingerprint(p) for p in _git_files(root)}
         status = await gitinfo.git_status(root, timeout_s=GIT_TIMEOUT_S)
         section = gitinfo.render_git_section(status)
         deps = _git_deps(root)
@@ -218,8 +225,26 @@ class InstructionsService:
         if deps:
             self._hub.watch(f"git:{root}", deps.keys(), on_change)
         if self._git_epochs.get(root, 0) == epoch:
-            self._git[root] = _GitEntry(section=section, epoch=epoch, deps=deps)
+            entry = _GitEntry(section=section, epoch=epoch, deps=deps)
+            self._git[root] = entry
+            self._schedule_git_verify(root, entry, prints)
         return section, epoch
+
+    def _schedule_git_verify(self, root: Path, entry: _GitEntry,
+                             prints: dict[Path, tuple[int, int] | None]) -> None:
+        """A commit made before the git watches went live must still refresh the section."""
+        if not self._tasks.accepting:
+            return
+
+        async def verify() -> None:
+            with anyio.move_on_after(10):
+                await self._hub.wait_synced()
+            if any(assemble.fingerprint(p) != fp for p, fp in prints.items()):
+                if self._git.get(root) is entry:
+                    self._git_epochs[root] = self._git_epochs.get(root, 0) + 1
+                    self._git.pop(root, None)
+
+        self._tasks.submit("git-verify", verify, key=f"git-verify:{root}", project=str(root))
 
     # -- the system prompt --------------------------------------------------------------------
     async def system_prompt(
@@ -315,3 +340,16 @@ def _git_deps(root: Path) -> dict[Path, set[str]]:
     if (root / ".git").is_file():
         deps.setdefault(root, set()).add(".git")
     return deps
+
+
+def _git_files(root: Path) -> list[Path]:
+    """The files whose change means the git section is stale (HEAD, branch ref, packed-refs)."""
+    gitdir = gitinfo.resolve_git_dir(root)
+    if gitdir is None:
+        return []
+    common = gitinfo.resolve_common_dir(root) or gitdir
+    files = [gitdir / "HEAD", common / "packed-refs"]
+    head = gitinfo.read_head(root)
+    if head and not all(c in "0123456789abcdef" for c in head):
+        files.append(common / "refs" / "heads" / head)
+    return files

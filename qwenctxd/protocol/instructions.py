@@ -91,3 +91,19 @@ _canonical = msgspec.json.Encoder(order="sorted")
 def prefix_hash(system: str, tools: list[Any]) -> str:
     """sha256 over the canonical JSON (sorted keys, compact) of ``{"system", "tools"}``."""
     return hashlib.sha256(_canonical.encode({"system": system, "tools": tools})).hexdigest()
+
+
+class MatchRulesParams(Params):
+    cwd: str
+    paths: list[str]
+
+
+class MatchedRule(msgspec.Struct, kw_only=True):
+    path: str
+    paths: list[str]
+    matched: list[str]
+    reminder: str
+
+
+class MatchRulesResult(msgspec.Struct, kw_only=True):
+    rules: list[MatchedRule]

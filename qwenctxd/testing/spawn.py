@@ -58,10 +58,11 @@ class SpawnedDaemon:
         pass_fds: tuple[int, ...] = (),
         env: dict[str, str] | None = None,
         preexec_fn: Any = None,
+        argv_prefix: tuple[str, ...] = (),
     ) -> SpawnedDaemon:
         self._log_file = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "qwenctxd", "--log-format", "json", *extra_args],
+            [*argv_prefix, sys.executable, "-m", "qwenctxd", "--log-format", "json", *extra_args],
             env={**self.env, **(env or {})},
             stdin=subprocess.DEVNULL,
             stdout=self._log_file,

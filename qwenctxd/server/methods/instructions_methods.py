@@ -10,6 +10,7 @@ import anyio
 
 from qwenctxd.instructions import add_memory as memory_file
 from qwenctxd.instructions.discovery import normalize_filenames
+from qwenctxd.instructions.rules import relative_to_root, rule_reminder
 from qwenctxd.protocol import errors
 from qwenctxd.protocol import instructions as wire
 from qwenctxd.server.dispatch import MethodSpec
@@ -87,8 +88,26 @@ def register(daemon: Daemon) -> None:
         service.invalidate_path(path)
         return wire.AddMemoryResult(path=str(path))
 
+    async def match_rules(ctx: Connection, p: wire.MatchRulesParams) -> wire.MatchRulesResult:
+        cwd = checked_cwd(p.cwd)
+        inst = await service.instruction_set(cwd)
+        root = inst.project_root or cwd
+        out = []
+        for rule in inst.rules.conditional:
+            matched = []
+            for raw in p.paths:
+                rel = relative_to_root(raw if os.path.isabs(raw) else cwd / raw, root)
+                if rel is not None and rule.matches(rel):
+                    matched.append(rel)
+            if matched:
+                out.append(wire.MatchedRule(
+                    path=str(rule.path), paths=list(rule.patterns), matched=matched,
+                    reminder=rule_reminder(rule.path, root, rule.body)))
+        return wire.MatchRulesResult(rules=out)
+
     for spec in (
         MethodSpec("prompt.system", wire.PromptSystemParams, prompt_system),
+        MethodSpec("instructions.match_rules", wire.MatchRulesParams, match_rules),
         MethodSpec("instructions.files", wire.CwdParams, files),
         MethodSpec("instructions.add_memory", wire.AddMemoryParams, add_memory),
     ):
