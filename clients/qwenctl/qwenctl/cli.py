@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from qwenctl import render
+from qwenctl import instructions_cmds, render
 from qwenctl.daemon_link import (
     EXIT_DAEMON_ERROR,
     EXIT_OK,
@@ -132,6 +132,8 @@ COMMANDS: dict[str, Callable[[Ctx], int]] = {
     "stop": cmd_stop,
     "socket": cmd_socket,
     "install-service": cmd_install_service,
+    "prompt": instructions_cmds.cmd_prompt,
+    "instructions": instructions_cmds.cmd_instructions,
 }
 
 
@@ -166,6 +168,16 @@ def build_parser() -> argparse.ArgumentParser:
     i = sub.add_parser("install-service", parents=[common],
                        help="write systemd user units and print the systemctl lines")
     i.add_argument("--dir", help="target directory (default ~/.config/systemd/user)")
+    pr = sub.add_parser("prompt", parents=[common],
+                        help="print the system prompt for a directory (summary on stderr)")
+    pr.add_argument("--cwd", help="working directory (default: the current one)")
+    pr.add_argument("--model", help="model name the prompt is built for")
+    pr.add_argument("--append", help="text appended behind the --- separator")
+    pr.add_argument("--mode", choices=instructions_cmds.MODES, default=None,
+                    help="interaction mode (default interactive)")
+    ins = sub.add_parser("instructions", parents=[common],
+                         help="instruction files, imports, rules and problems for a directory")
+    ins.add_argument("--cwd", help="working directory (default: the current one)")
     return p
 
 

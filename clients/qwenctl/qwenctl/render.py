@@ -5,9 +5,10 @@ rich is imported only when stdout is a TTY, so piped and ``--json`` runs stay fa
 
 from __future__ import annotations
 
+import os
 import sys
 import time
-from typing import Any
+from typing import Any, TextIO
 
 
 def is_tty() -> bool:
@@ -111,3 +112,127 @@ def _model_line(model: dict[str, Any]) -> str:
     if model.get("last_error"):
         line += f"; last error: {model['last_error']}"
     return line
+
+
+# -- prompt / instructions --------------------------------------------------------------------
+def table_to(
+    stream: TextIO,
+    title: str,
+    rows: list[tuple[str, ...]],
+    headers: tuple[str, ...] | None = None,
+    *,
+    right: tuple[int, ...] = (),
+    nowrap: tuple[int, ...] = (),
+    indent: int = 2,
+) -> None:
+    """Like :func:`table` but on ``stream``: rich when that stream is a TTY, else two-space
+    aligned columns under a title line (rows indented by ``indent``). Columns whose index is
+    in ``right`` are right-aligned; rich never wraps those in ``nowrap``. Cells are never read
+    as rich markup."""
+    if stream.isatty():
+        from rich.console import Console
+        from rich.table import Table
+        from rich.text import Text
+
+        ncols = len(headers) if headers else (len(rows[0]) if rows else 1)
+        t = Table(title=title, show_header=headers is not None, title_justify="left")
+        for i in range(ncols):
+            t.add_column(headers[i] if headers else "", no_wrap=i in nowrap,
+                         justify="right" if i in right else "left")
+        for row in rows:
+            t.add_row(*(Text(c) for c in row))
+        Console(file=stream).print(t)
+        return
+    out = [title]
+    all_rows = ([headers] if headers else []) + rows
+    if all_rows:
+        widths = [max(len(r[i]) for r in all_rows) for i in range(len(all_rows[0]))]
+        for r in all_rows:
+            cells = [c.rjust(w) if i in right else c.ljust(w)
+                     for i, (c, w) in enumerate(zip(r, widths, strict=True))]
+            out.append((" " * indent + "  ".join(cells)).rstrip())
+    stream.write("\n".join(out) + "\n")
+
+
+def short_path(path: str, cwd: str | None = None, home: str | None = None) -> str:
+    """``path`` relative when under ``cwd``, ``~/…`` when under ``home``, else absolute.
+
+    Compared lexically first, then with symlinks resolved (``/tmp`` → ``/private/tmp``)."""
+    p = os.path.normpath(path)
+    for base, prefix in ((cwd, ""), (home, "~")):
+        if not base:
+            continue
+        b = os.path.normpath(base)
+        for pp, bb in ((p, b), (os.path.realpath(p), os.path.realpath(b))):
+            if pp == bb:
+                return prefix or "."
+            if pp.startswith(bb.rstrip(os.sep) + os.sep):
+                rel = os.path.relpath(pp, bb)
+                return f"{prefix}/{rel}" if prefix else rel
+    return p
+
+
+def _line(stream: TextIO, text: str) -> None:
+    stream.write(text + "\n")
+
+
+def _problems(stream: TextIO, errors: list[dict[str, Any]], cwd: str, home: str | None) -> None:
+    if not errors:
+        _line(stream, "problems: none")
+        return
+    table_to(stream, "problems",
+             [(e["kind"], short_path(e["path"], cwd, home), e["message"]) for e in errors],
+             ("kind", "path", "message"), nowrap=(1,))
+
+
+def _where(cwd: str, root: str | None, home: str | None) -> str:
+    where = short_path(cwd, None, home)
+    return f"{where} (project root {short_path(root, None, home)})" if root else \
+        f"{where} (no project root)"
+
+
+def prompt_report(res: dict[str, Any], *, cwd: str, home: str | None,
+                  stream: TextIO | None = None) -> None:
+    """The summary of a ``prompt.system`` result: sections, total, files, hash, problems."""
+    out = stream or sys.stderr
+    _line(out, f"system prompt for {_where(cwd, res.get('project_root'), home)}")
+    rows = [(s["name"], str(s["chars"]), str(s["est_tokens"])) for s in res["sections"]]
+    rows.append(("total", str(sum(s["chars"] for s in res["sections"])),
+                 str(sum(s["est_tokens"] for s in res["sections"]))))
+    table_to(out, "sections", rows, ("section", "chars", "est_tokens"), right=(1, 2))
+    if res["files"]:
+        table_to(out, "files", [(f["type"], short_path(f["path"], cwd, home))
+                                for f in res["files"]], nowrap=(1,))
+    else:
+        _line(out, "files: none")
+    _line(out, f"prefix hash: {res['prefix_hash'][:16]}")
+    _problems(out, res.get("errors") or [], cwd, home)
+
+
+def instructions_report(res: dict[str, Any], *, cwd: str, home: str | None,
+                        stream: TextIO | None = None) -> None:
+    """The ``instructions.files`` result: files in load order with their imports, rules,
+    problems."""
+    out = stream or sys.stdout
+    _line(out, f"instructions for {_where(cwd, res.get('project_root'), home)}")
+    if res["files"]:
+        rows: list[tuple[str, ...]] = []
+        for n, f in enumerate(res["files"], 1):
+            note = "truncated at the size cap" if f.get("truncated") else ""
+            rows.append((str(n), f["type"], short_path(f["path"], cwd, home),
+                         human_bytes(f["bytes"]), note))
+            for imp in f.get("imports") or []:
+                rows.append(("", "", "  imports " + short_path(imp, cwd, home), "", ""))
+        table_to(out, "files (load order)", rows, ("#", "type", "path", "size", "note"),
+                 right=(0, 3), nowrap=(2,))
+    else:
+        _line(out, "files: none")
+    if res.get("rules"):
+        table_to(out, "rules", [
+            ("conditional" if r["conditional"] else "baseline", short_path(r["path"], cwd, home),
+             human_bytes(r["bytes"]), ", ".join(r["paths"]) if r["conditional"] else "always")
+            for r in res["rules"]
+        ], ("kind", "path", "size", "applies to"), right=(2,), nowrap=(1,))
+    else:
+        _line(out, "rules: none")
+    _problems(out, res.get("errors") or [], cwd, home)

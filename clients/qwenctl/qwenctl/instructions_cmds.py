@@ -1,0 +1,75 @@
+"""``qwenctl prompt`` and ``qwenctl instructions``: what the daemon would put in front of a
+model for a directory, and which instruction files, rules and problems that came from.
+
+``prompt`` writes the system prompt text to stdout byte for byte (plus one newline) so it can
+be piped or diffed, and its summary (sections, sizes, files, prefix hash, problems) to stderr.
+The prompt-shaping variables of *this* shell are sent along, so the text is the one a client
+started here would get, whatever the daemon's own environment holds.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import TYPE_CHECKING, Any
+
+from qwenctl import render
+from qwenctl.daemon_link import EXIT_OK
+from qwenctxd.instructions.system_prompt import PROMPT_ENV_KEYS  # a leaf module, cheap
+
+if TYPE_CHECKING:
+    from qwenctl.cli import Ctx
+
+MODES = ("interactive", "headless", "acp")
+
+
+def _cwd(ctx: Ctx) -> str:
+    return os.path.abspath(ctx.args.cwd) if ctx.args.cwd else os.getcwd()
+
+
+def _home() -> str | None:
+    home = os.path.expanduser("~")
+    return home if home != "~" else None
+
+
+def prompt_env() -> dict[str, str]:
+    """The prompt-shaping variables set in qwenctl's own environment."""
+    return {k: os.environ[k] for k in PROMPT_ENV_KEYS if k in os.environ}
+
+
+def cmd_prompt(ctx: Ctx) -> int:
+    from qwenctl.cli import emit_json
+
+    a = ctx.args
+    cwd = _cwd(ctx)
+    params: dict[str, Any] = {"cwd": cwd}
+    if a.model is not None:
+        params["model"] = a.model
+    if a.append is not None:
+        params["append"] = a.append
+    if a.mode is not None:
+        params["interaction_mode"] = a.mode
+    env = prompt_env()
+    if env:
+        params["env"] = env
+    res = ctx.call("prompt.system", params)
+    if a.json:
+        emit_json(res)
+        return EXIT_OK
+    sys.stdout.flush()
+    sys.stdout.buffer.write(res["text"].encode("utf-8", errors="surrogatepass") + b"\n")
+    sys.stdout.buffer.flush()
+    render.prompt_report(res, cwd=cwd, home=_home(), stream=sys.stderr)
+    return EXIT_OK
+
+
+def cmd_instructions(ctx: Ctx) -> int:
+    from qwenctl.cli import emit_json
+
+    cwd = _cwd(ctx)
+    res = ctx.call("instructions.files", {"cwd": cwd})
+    if ctx.args.json:
+        emit_json(res)
+    else:
+        render.instructions_report(res, cwd=cwd, home=_home(), stream=sys.stdout)
+    return EXIT_OK  # problems are information, not a failure
