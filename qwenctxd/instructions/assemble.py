@@ -14,7 +14,9 @@ for is recorded as a dependency so the cache can be invalidated by the watchers.
 
 from __future__ import annotations
 
+import functools
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -135,6 +137,16 @@ def build(discovery: Discovery, *, import_format: str, max_file_bytes: int) -> I
     )
 
 
+@functools.lru_cache(maxsize=256)
+def _import_root_cached(directory: Path, _epoch: int) -> Path:
+    return find_project_root(directory) or directory
+
+
+def _import_root(directory: Path) -> Path:
+    # one lookup per directory per second: a build reads many files from few directories
+    return _import_root_cached(directory, int(time.monotonic()))
+
+
 def _load_one(f: InstructionFile, cwd: Path, import_format: str, cap: int,
               problems: list[Problem], blocks: list[str]) -> LoadedFile | None:
     try:
@@ -145,7 +157,7 @@ def _load_one(f: InstructionFile, cwd: Path, import_format: str, cap: int,
     if truncated:
         problems.append(Problem(f.path, "too_large",
                                 f"{size} bytes, over the {cap}-byte cap: truncated"))
-    import_root = find_project_root(f.path.parent) or f.path.parent
+    import_root = _import_root(f.path.parent)
     result = process_imports(text, f.path.parent, project_root=import_root, current_file=f.path,
                              fmt=import_format, max_file_bytes=cap)  # type: ignore[arg-type]
     for p in result.problems:

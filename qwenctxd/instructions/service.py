@@ -261,7 +261,19 @@ class InstructionsService:
             merged.update({k: v for k, v in env.items() if k in PROMPT_ENV_KEYS})
         env_key = tuple(sorted(merged.items()))
         pkey = (cwd, model, append, interaction_mode, env_key)
-        inst = await self.instruction_set(cwd)
+        root_guess = self.project_root(cwd)
+        if root_guess is not None and root_guess not in self._git and cwd not in self._sets:
+            # cold: compute the git section while the instruction set builds in a thread
+            git_result: list[tuple[str, int]] = []
+
+            async def git_job() -> None:
+                git_result.append(await self._git_section(root_guess))
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(git_job)
+                inst = await self.instruction_set(cwd)
+        else:
+            inst = await self.instruction_set(cwd)
         root = inst.project_root
         git_section, git_epoch = await self._git_section(root)
         sys_md_print = None

@@ -9,6 +9,7 @@ signal exits at once.
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import socket
@@ -135,6 +136,9 @@ class Daemon:
                     version=__version__,
                     activated=self.activated_fd is not None,
                 )
+                # start-up garbage is permanent: keep the collector from rescanning it
+                gc.collect()
+                gc.freeze()
                 interval = systemd.watchdog_interval_s()
                 if interval:
                     tg.start_soon(self._watchdog, interval)
