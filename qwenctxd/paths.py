@@ -86,3 +86,23 @@ def check_socket_path_length(path: Path) -> None:
             f"socket path is {len(os.fsencode(str(path)))} bytes, over the "
             f"{MAX_SOCKET_PATH_BYTES}-byte limit of AF_UNIX: {path}"
         )
+
+
+def project_slug(path: str | os.PathLike[str]) -> str:
+    """Qwen Code's project id for a directory: every character outside [a-zA-Z0-9] → ``-``."""
+    import re
+
+    return re.sub(r"[^a-zA-Z0-9]", "-", os.fspath(path))
+
+
+def runtime_base_dir() -> Path:
+    """Where Qwen Code keeps runtime output (``QWEN_RUNTIME_DIR``, else ``~/.qwen``)."""
+    env = os.environ.get("QWEN_RUNTIME_DIR")
+    if env:
+        return Path(env).expanduser()
+    return qwen_home()
+
+
+def project_dir(project: str | os.PathLike[str]) -> Path:
+    """``<runtime base>/projects/<slug>`` — chats/ and the memory state live below it."""
+    return runtime_base_dir() / "projects" / project_slug(project)

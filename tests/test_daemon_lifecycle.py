@@ -141,8 +141,15 @@ def test_socket_activation_and_ready_notification(spawn) -> None:  # type: ignor
         assert b"MAINPID=%d" % proc.pid in ready
         os.kill(proc.pid, signal.SIGTERM)
         assert proc.wait(15) == 0
-        stopping = notify.recv(4096)
-        assert b"STOPPING=1" in stopping
+        seen: list[bytes] = []
+        notify.settimeout(2)
+        try:
+            while True:
+                seen.append(notify.recv(4096))
+        except TimeoutError:
+            pass
+        assert any(b"STOPPING=1" in m for m in seen), seen
+        assert any(m.startswith(b"STATUS=") for m in seen)
         # an adopted socket is never unlinked: systemd owns it
         assert d.socket.exists()
     finally:
@@ -157,7 +164,7 @@ def test_sigterm_drains_background_work_then_exits_0(spawn) -> None:  # type: ig
     d = spawn(env={"QWENCTXD_DEBUG_METHODS": "1"}).start()
     d.call("debug.sleep_task", {"seconds": 1.0, "kind": "extract"})
     status = d.call("daemon.status")
-    assert [t["kind"] for t in status["background"]["in_flight"]] == ["extract"]
+    assert "extract" in [t["kind"] for t in status["background"]["in_flight"]]
     t0 = time.monotonic()
     d.signal(signal.SIGTERM)
     assert d.wait_exit() == 0
@@ -192,13 +199,15 @@ def test_drain_waits_and_reports_pending(spawn) -> None:  # type: ignore[no-unty
 
 def test_keyed_jobs_coalesce_one_running_one_queued(spawn) -> None:  # type: ignore[no-untyped-def]
     d = spawn(env={"QWENCTXD_DEBUG_METHODS": "1"}).start()
+    assert d.call("daemon.drain", {"timeout_s": 10})["drained"]  # start-up jobs landed
+    done_before = d.call("daemon.status")["background"]["completed"]
     for _ in range(5):
         d.call("debug.sleep_task", {"seconds": 0.3, "kind": "extract", "key": "proj-a"})
     st = d.call("daemon.status")["background"]
     assert len(st["in_flight"]) == 1 and st["queued"] == 1
     assert d.call("daemon.drain", {"timeout_s": 5}) == {"drained": True, "pending": 0}
     st = d.call("daemon.status")["background"]
-    assert st["completed"] == 2 and st["last_extract_at"] is not None
+    assert st["completed"] - done_before == 2 and st["last_extract_at"] is not None
 
 
 def test_busy_while_stopping(spawn) -> None:  # type: ignore[no-untyped-def]

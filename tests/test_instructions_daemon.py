@@ -313,3 +313,15 @@ def test_bad_cwd_is_a_clear_error(daemon: SpawnedDaemon) -> None:
             daemon.call("prompt.system", {"cwd": bad})
         assert exc.value.code == -32602 and exc.value.data["field"] == "cwd"
     assert daemon.call("daemon.ping") == "pong"
+
+
+def test_extension_context_files_load_after_the_hierarchy(daemon: SpawnedDaemon) -> None:
+    repo, cwd = build_tree(daemon.home)
+    ext = daemon.home / ".qwen" / "extensions" / "helper"
+    write(ext / "qwen-extension.json", '{"name": "helper", "contextFileName": "HELPER.md"}')
+    write(ext / "HELPER.md", "extension says hi\n")
+    r = prompt(daemon, cwd)
+    names = markers(r["text"])
+    assert names[-3:] == ["../../../../../.qwen/extensions/helper/HELPER.md",
+                          "../../../.qwen/QWEN.local.md", "../../../.qwen/rules/style.md"]
+    assert ("extension" in [f["type"] for f in r["files"]])

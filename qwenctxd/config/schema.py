@@ -108,6 +108,8 @@ class Settings(msgspec.Struct, kw_only=True, rename={"fast_model": "fastModel"})
     skills: SkillsSettings = msgspec.field(default_factory=SkillsSettings)
     model: ModelSettings = msgspec.field(default_factory=ModelSettings)
     fast_model: str = ""
+    # Qwen Code / Claude Code style hooks: {"PreCompact": [{"matcher"?, "hooks": [...]}], ...}
+    hooks: dict[str, list[dict[str, object]]] = msgspec.field(default_factory=dict)
     daemon: DaemonSettings = msgspec.field(default_factory=DaemonSettings)
     model_endpoint: ModelEndpoint = msgspec.field(default_factory=ModelEndpoint)
 

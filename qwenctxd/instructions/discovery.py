@@ -145,3 +145,37 @@ def discover(
             elif stat.S_ISREG(st.st_mode):
                 add(InstructionFile(local, "local"))
     return result
+
+
+def extension_context_files(qwen_dir: Path, project_root: Path | None) -> list[Path]:
+    """Context files declared by installed extensions, as Qwen Code lays them out.
+
+    Each ``<.qwen>/extensions/<name>/qwen-extension.json`` (user level, then the project's)
+    may name ``contextFileName`` (a string or a list; default ``QWEN.md``) relative to the
+    extension's directory; files that exist are returned in extension-name order.
+    """
+    import json
+
+    bases = [qwen_dir / "extensions"]
+    if project_root is not None:
+        bases.append(project_root / ".qwen" / "extensions")
+    out: list[Path] = []
+    for base in bases:
+        try:
+            names = sorted(os.listdir(base))
+        except OSError:
+            continue
+        for name in names:
+            ext_dir = base / name
+            try:
+                manifest = json.loads((ext_dir / "qwen-extension.json").read_text())
+            except (OSError, ValueError):
+                continue
+            files = manifest.get("contextFileName", "QWEN.md") if isinstance(manifest, dict) \
+                else "QWEN.md"
+            for f in [files] if isinstance(files, str) else list(files or []):
+                if isinstance(f, str) and f.strip():
+                    path = (ext_dir / f).resolve()
+                    if path.is_file() and path.is_relative_to(ext_dir.resolve()):
+                        out.append(path)
+    return out

@@ -144,7 +144,8 @@ class InstructionsService:
             filenames=c.file_name if isinstance(c.file_name, list) else [c.file_name],
             home=self._home(),
             qwen_dir=self.qwen_dir(),
-            extension_paths=self._extension_paths(),
+            extension_paths=[*discovery.extension_context_files(
+                self.qwen_dir(), self.project_root(cwd)), *self._extension_paths()],
             include_dirs=[Path(d).expanduser() for d in c.include_directories]
             if c.load_from_include_directories else [],
         )

@@ -27,12 +27,14 @@ from qwenctxd.config.schema import Settings
 from qwenctxd.events import EventBus
 from qwenctxd.instructions.service import InstructionsService
 from qwenctxd.model import ModelClient
-from qwenctxd.paths import ensure_private_dir, pid_path
+from qwenctxd.paths import ensure_private_dir, pid_path, state_dir
 from qwenctxd.protocol import daemon as wire
 from qwenctxd.server import systemd, transport
 from qwenctxd.server.connection import Connection
 from qwenctxd.server.dispatch import Dispatcher
 from qwenctxd.server.lock import PidLock
+from qwenctxd.sessions.manager import SessionManager
+from qwenctxd.sessions.turns import TurnPipeline
 from qwenctxd.tasks import TaskRecord, TaskRegistry
 from qwenctxd.watch import WatchHub
 
@@ -65,6 +67,12 @@ class Daemon:
             config, self.hub, self.tasks, on_rebuild=lambda: self.bump("instructions_rebuilds")
         )
         self.status_contributors.append(self._projects_status)
+        self.sessions = SessionManager(
+            config=config, instructions=self.instructions, model=lambda: self.model,
+            tasks=self.tasks, bus=self.bus, index_path=state_dir() / "sessions.sqlite",
+        )
+        self.turns = TurnPipeline(self.sessions)
+        self.status_contributors.append(self._sessions_status)
         self.dispatcher = Dispatcher(is_stopping=lambda: self.state != "serving")
         self.in_flight_requests = 0
         self._requests_idle = anyio.Event()
@@ -125,6 +133,7 @@ class Daemon:
             tg.start_soon(self._signals)
             await tg.start(self.hub.run)
             await tg.start(self.config.run, self.hub)
+            await self.sessions.start()
             async with anyio.create_task_group() as conns:
                 await conns.start(self._accept, conns)
                 self.state = "serving"
@@ -145,6 +154,8 @@ class Daemon:
                 await self._stop.wait()
                 await self._finish_shutdown()
                 conns.cancel_scope.cancel()
+            with anyio.CancelScope(shield=True):
+                await self.sessions.aclose()
             tg.cancel_scope.cancel()
         log.info("stopped", pid=os.getpid())
         return 0
@@ -261,6 +272,9 @@ class Daemon:
         self.model.update(settings.endpoint())
         self.bus.publish("config/changed", {"generation": self.config.generation})
         log.info("config reloaded", generation=self.config.generation)
+
+    def _sessions_status(self, st: wire.StatusResult) -> None:
+        st.sessions.extend(wire.SessionSummary(**row) for row in self.sessions.summaries())
 
     def _projects_status(self, st: wire.StatusResult) -> None:
         known = {p.root: p for p in st.projects}

@@ -1,0 +1,1 @@
+"""Context compaction: thresholds, micro-compaction, full compression and history invariants."""

@@ -1,0 +1,150 @@
+"""Wire types of the ``session.*`` methods and the AssembledPrompt."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+from qwenctxd.protocol.daemon import Params
+
+Message = dict[str, Any]
+
+
+class OpenParams(Params):
+    cwd: str
+    model: str
+    window_tokens: int | None = None
+    session_id: str | None = None
+    resume: bool = False
+    # the client's tool declarations (OpenAI "tools" entries); constant for the session, part
+    # of the cacheable prefix
+    tools: list[dict[str, Any]] | None = None
+    # the client's environment variables that shape the system prompt (see prompt.system)
+    env: dict[str, str] | None = None
+    auto_compact_threshold: float | None = msgspec.field(default=None)
+
+
+class OpenResult(msgspec.Struct, kw_only=True):
+    session_id: str
+    resumed: bool
+    messages: int
+    prompt_tokens: int
+    window_tokens: int
+    path: str
+    torn_lines: list[int] = msgspec.field(default_factory=list)
+    warnings: list[str] = msgspec.field(default_factory=list)
+
+
+class ToolResult(msgspec.Struct, kw_only=True):
+    tool_call_id: str
+    name: str | None = None
+    content: str | list[dict[str, Any]]
+    is_error: bool = False
+
+
+class TurnParams(Params):
+    session_id: str
+    kind: Literal["user", "tool_results", "cron"]
+    text: str | None = None
+    images: list[dict[str, Any]] | None = None
+    tool_results: list[ToolResult] | None = None
+    touched_paths: list[str] | None = None
+    active_tools: list[str] | None = None
+
+
+class Thresholds(msgspec.Struct, kw_only=True):
+    warn: int
+    auto: int
+    hard: int
+
+
+class Usage(msgspec.Struct, kw_only=True):
+    prompt_tokens: int
+    window_tokens: int
+    thresholds: Thresholds
+    level: Literal["ok", "warn", "auto", "hard"]
+    context_left_pct: float
+    anchored: bool = False
+
+
+class Reminder(msgspec.Struct, kw_only=True):
+    kind: str
+    text: str
+
+
+class AssembledPrompt(msgspec.Struct, kw_only=True):
+    system: str
+    messages: list[Message]
+    tools: list[dict[str, Any]]
+    reminders: list[Reminder]
+    usage: Usage
+    events: list[dict[str, Any]]
+    prefix_hash: str
+    session_id: str = ""
+
+
+class ApiUsage(msgspec.Struct, kw_only=True):
+    prompt_tokens: int
+    completion_tokens: int = 0
+
+
+class RecordModelParams(Params):
+    session_id: str
+    message: Message
+    usage: ApiUsage | None = None
+
+
+class RecordModelResult(msgspec.Struct, kw_only=True):
+    turn_complete: bool
+    scheduled: list[str]
+
+
+class CompressParams(Params):
+    session_id: str
+    mode: Literal["full", "fast"] = "full"
+    instructions: str | None = None
+
+
+class CompressResult(msgspec.Struct, kw_only=True):
+    status: str
+    tokens_before: int
+    tokens_after: int
+    events: list[dict[str, Any]] = msgspec.field(default_factory=list)
+
+
+class ListParams(Params):
+    cwd: str | None = None
+
+
+class SessionInfo(msgspec.Struct, kw_only=True):
+    session_id: str
+    cwd: str
+    started_at: str | None
+    updated_at: str | None
+    messages: int
+    title: str | None
+    open: bool = False
+
+
+class ListResult(msgspec.Struct, kw_only=True):
+    sessions: list[SessionInfo]
+
+
+class SessionIdParams(Params):
+    session_id: str
+
+
+class RecapResult(msgspec.Struct, kw_only=True):
+    text: str | None
+    status: str
+    reason: str | None = None
+
+
+class ProjectSummaryResult(msgspec.Struct, kw_only=True):
+    path: str
+    text: str
+
+
+class DeleteResult(msgspec.Struct, kw_only=True):
+    deleted: bool

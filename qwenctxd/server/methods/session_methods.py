@@ -1,0 +1,80 @@
+"""Handlers of the ``session.*`` family."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from qwenctxd.protocol import daemon as dwire
+from qwenctxd.protocol import session as wire
+from qwenctxd.server.dispatch import MethodSpec
+from qwenctxd.server.methods.instructions_methods import checked_cwd
+
+if TYPE_CHECKING:
+    from qwenctxd.server.app import Daemon
+    from qwenctxd.server.connection import Connection
+
+
+def register(daemon: Daemon) -> None:
+    manager = daemon.sessions
+    pipeline = daemon.turns
+
+    async def open_(ctx: Connection, p: wire.OpenParams) -> wire.OpenResult:
+        return await manager.open(checked_cwd(p.cwd), p)
+
+    async def turn(ctx: Connection, p: wire.TurnParams) -> wire.AssembledPrompt:
+        return await pipeline.turn(p)
+
+    async def record_model(ctx: Connection, p: wire.RecordModelParams) -> wire.RecordModelResult:
+        return await pipeline.record_model(p)
+
+    async def compress(ctx: Connection, p: wire.CompressParams) -> wire.CompressResult:
+        s = manager.get(p.session_id)
+        async with s.lock:
+            sp = await manager.instructions.system_prompt(s.cwd, model=s.model, env=s.env)
+            from qwenctxd.sessions.state import system_tokens
+
+            sys_tok = system_tokens(sp.text, s.tools)
+            if p.mode == "fast":
+                before, _ = s.estimate(sys_tok)
+                events: list[dict[str, object]] = []
+                keep = manager.instructions.settings_for(s.cwd).context.clear_context_on_idle
+                saved = pipeline._micro(s, events, trigger="force",
+                                        keep=keep.tool_results_num_to_keep, strip_reasoning=True)
+                after, _ = s.estimate(sys_tok)
+                return wire.CompressResult(status="compressed" if saved else "noop",
+                                           tokens_before=before, tokens_after=after,
+                                           events=events)
+            return await pipeline.compress(s, trigger="manual", focus=p.instructions,
+                                           sys_tok=sys_tok, reason="manual", forced=True)
+
+    async def list_(ctx: Connection, p: wire.ListParams) -> wire.ListResult:
+        return await manager.list(checked_cwd(p.cwd) if p.cwd else None)
+
+    async def recap(ctx: Connection, p: wire.SessionIdParams) -> wire.RecapResult:
+        return await manager.recap(p.session_id)
+
+    async def project_summary(ctx: Connection, p: wire.SessionIdParams
+                              ) -> wire.ProjectSummaryResult:
+        return await manager.project_summary(p.session_id)
+
+    async def delete(ctx: Connection, p: wire.SessionIdParams) -> wire.DeleteResult:
+        return await manager.delete(p.session_id)
+
+    async def close(ctx: Connection, p: wire.SessionIdParams) -> dwire.OkResult:
+        await manager.close(p.session_id)
+        return dwire.OkResult()
+
+    for spec in (
+        MethodSpec("session.open", wire.OpenParams, open_),
+        MethodSpec("session.turn", wire.TurnParams, turn),
+        MethodSpec("session.record_model", wire.RecordModelParams, record_model),
+        MethodSpec("session.compress", wire.CompressParams, compress),
+        MethodSpec("session.list", wire.ListParams, list_),
+        MethodSpec("session.recap", wire.SessionIdParams, recap),
+        MethodSpec("session.project_summary", wire.SessionIdParams, project_summary),
+        MethodSpec("session.delete", wire.SessionIdParams, delete),
+        MethodSpec("session.close", wire.SessionIdParams, close),
+    ):
+        daemon.dispatcher.register(spec)
+
+

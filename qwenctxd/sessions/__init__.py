@@ -1,0 +1,1 @@
+"""Sessions: the per-session JSONL record (Qwen Code ChatRecord layout) and its SQLite index."""

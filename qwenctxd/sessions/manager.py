@@ -1,0 +1,310 @@
+"""SessionManager: open, resume, list, recap, summarise, delete and close sessions.
+
+Sessions live in the daemon, not in a connection: any client may continue a session by id, and
+a session survives its client disconnecting. Each session records to
+``~/.qwen/projects/<slug>/chats/<uuid>.jsonl`` (Qwen Code's ChatRecord field names); a small
+SQLite index serves ``session.list`` without parsing every file and is re-synced from the files
+at start. The turn pipeline itself lives in ``sessions.turns``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import anyio
+import structlog
+
+from qwenctxd import __version__
+from qwenctxd.compaction import recap as recap_mod
+from qwenctxd.config import ConfigStore
+from qwenctxd.events import EventBus
+from qwenctxd.instructions.service import InstructionsService
+from qwenctxd.model import ModelClient
+from qwenctxd.paths import runtime_base_dir
+from qwenctxd.protocol import errors
+from qwenctxd.protocol import session as wire
+from qwenctxd.sessions import records
+from qwenctxd.sessions.index import SessionIndex
+from qwenctxd.sessions.state import Session
+from qwenctxd.tasks import TaskRegistry
+
+log = structlog.get_logger("qwenctxd.sessions")
+DEFAULT_WINDOW = 131_072
+PROJECT_SUMMARY_NAME = "PROJECT_SUMMARY.md"
+
+
+def iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).isoformat().replace("+00:00", "Z")
+
+
+class SessionManager:
+    def __init__(
+        self,
+        *,
+        config: ConfigStore,
+        instructions: InstructionsService,
+        model: Callable[[], ModelClient],
+        tasks: TaskRegistry,
+        bus: EventBus,
+        index_path: Path,
+        environ: Mapping[str, str] | None = None,
+    ) -> None:
+        self.config = config
+        self.instructions = instructions
+        self._model = model
+        self.tasks = tasks
+        self.bus = bus
+        self.index = SessionIndex(index_path)
+        self.sessions: dict[str, Session] = {}
+        self._environ = environ if environ is not None else os.environ
+
+    @property
+    def model(self) -> ModelClient:
+        return self._model()
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    async def start(self) -> None:
+        await self.index.open()
+        if self.tasks.accepting:
+            self.tasks.submit("index-sync", self._sync_index, description="sync session index")
+
+    async def _sync_index(self) -> None:
+        await self.index.sync(runtime_base_dir() / "projects")
+
+    async def aclose(self) -> None:
+        for s in list(self.sessions.values()):
+            s.writer.close()
+        self.sessions.clear()
+        await self.index.close()
+
+    def get(self, session_id: str) -> Session:
+        s = self.sessions.get(session_id)
+        if s is None:
+            raise errors.SessionNotFound(f"unknown session {session_id}",
+                                         data={"session_id": session_id})
+        return s
+
+    # -- open / resume ------------------------------------------------------------------------
+    async def open(self, cwd: Path, p: wire.OpenParams) -> wire.OpenResult:
+        if p.session_id and p.session_id in self.sessions:
+            s = self.sessions[p.session_id]  # another client continues the same session
+            tokens = s.prompt_tokens or s.estimate(0)[0]
+            return wire.OpenResult(session_id=s.id, resumed=True, messages=len(s.messages),
+                                   prompt_tokens=tokens, window_tokens=s.window_tokens,
+                                   path=str(s.path))
+        if p.session_id is not None:
+            try:
+                uuid.UUID(p.session_id)
+            except ValueError:
+                raise errors.InvalidParams("session_id must be a UUID",
+                                           data={"field": "session_id", "message": "not a UUID"}
+                                           ) from None
+        settings = self.instructions.settings_for(cwd)
+        root = self.instructions.project_root(cwd)
+        session_id = p.session_id or str(uuid.uuid4())
+        path = records.session_path(cwd, session_id)
+        resumed = False
+        state: records.ResumeState | None = None
+        if p.resume or p.session_id:
+            found = await self._find_file(session_id, cwd)
+            if found is not None:
+                path = found
+                state = await anyio.to_thread.run_sync(records.resume, path)
+                resumed = True
+            elif p.resume:
+                raise errors.SessionNotFound(f"no recorded session {session_id}",
+                                             data={"session_id": session_id})
+        window = (p.window_tokens or settings.model.generation_config.context_window_size
+                  or DEFAULT_WINDOW)
+        pct = p.auto_compact_threshold or settings.context.auto_compact_threshold
+        env = dict(p.env or {})
+        s = Session(
+            id=session_id, cwd=cwd, project_root=root, model=p.model, window_tokens=window,
+            pct=pct, tools=list(p.tools or []), env=env, path=path,
+            writer=records.JsonlWriter(path),
+            image_tokens=int(self._environ.get("QWEN_IMAGE_TOKEN_ESTIMATE", 0))
+            or settings.model.chat_compression.image_token_estimate,
+        )
+        warnings: list[str] = []
+        torn: list[int] = []
+        if state is not None:
+            s.replace_history(state.messages)
+            if state.last_usage and state.anchor_index is not None:
+                from qwenctxd.sessions.state import Anchor
+
+                u = state.last_usage
+                s.anchor = Anchor(total=int(u.get("prompt_tokens", 0))
+                                  + int(u.get("completion_tokens", 0)),
+                                  index=state.anchor_index, system_tokens=0)
+            torn = [t.line_no for t in state.torn]
+            for t in state.torn:
+                warnings.append(f"skipped unreadable line {t.line_no} of {path.name}: {t.reason}")
+        self.sessions[session_id] = s
+        sp = await self.instructions.system_prompt(cwd, model=p.model, env=env)
+        from qwenctxd.sessions.state import system_tokens
+
+        sys_tok = system_tokens(sp.text, s.tools)
+        if s.anchor is not None and s.anchor.system_tokens == 0:
+            s.anchor.system_tokens = sys_tok
+        tokens, _ = s.estimate(sys_tok)
+        s.prompt_tokens = tokens
+        if not resumed:
+            await self._index_upsert(s)
+        log.info("session opened", session=session_id, resumed=resumed, messages=len(s.messages),
+                 torn=len(torn))
+        return wire.OpenResult(session_id=session_id, resumed=resumed, messages=len(s.messages),
+                               prompt_tokens=tokens, window_tokens=window, path=str(path),
+                               torn_lines=torn, warnings=warnings)
+
+    async def _find_file(self, session_id: str, cwd: Path) -> Path | None:
+        row = await self.index.get(session_id)
+        hint = Path(row["path"]) if row and row.get("path") else None
+        return await anyio.to_thread.run_sync(_locate, session_id, cwd, hint)
+
+    async def _index_upsert(self, s: Session) -> None:
+        summary = records.SessionSummary(
+            session_id=s.id, path=str(s.path), cwd=str(s.cwd), started_at=iso(s.started_at),
+            updated_at=iso(s.updated_at), messages=len(s.messages), title=None,
+            size=_size(s.path), mtime_ns=_mtime(s.path))
+        await self.index.upsert(summary, project=str(s.cwd))
+
+    def schedule_index_touch(self, s: Session) -> None:
+        if not self.tasks.accepting:
+            return
+
+        async def touch() -> None:
+            await self.index.touch(s.id, updated_at=iso(s.updated_at), messages=len(s.messages),
+                                   size=_size(s.path), mtime_ns=_mtime(s.path))
+
+        self.tasks.submit("index", touch, key=f"index:{s.id}", project=str(s.cwd))
+
+    # -- list / recap / summary / delete / close ----------------------------------------------
+    async def list(self, cwd: Path | None) -> wire.ListResult:
+        rows = await self.index.list(project=str(cwd) if cwd else None)
+        out = [
+            wire.SessionInfo(session_id=r["session_id"], cwd=r.get("cwd") or "",
+                             started_at=r.get("started_at"), updated_at=r.get("updated_at"),
+                             messages=int(r.get("messages") or 0), title=r.get("title"),
+                             open=r["session_id"] in self.sessions)
+            for r in rows
+        ]
+        return wire.ListResult(sessions=out)
+
+    async def recap(self, session_id: str) -> wire.RecapResult:
+        s = self.get(session_id)
+        r = await recap_mod.recap(self.model, list(s.messages))
+        return wire.RecapResult(text=r.text, status=r.status, reason=r.reason)
+
+    async def project_summary(self, session_id: str) -> wire.ProjectSummaryResult:
+        s = self.get(session_id)
+        text = await recap_mod.project_summary(self.model, list(s.messages))
+        target = (s.project_root or s.cwd) / ".qwen" / PROJECT_SUMMARY_NAME
+        from qwenctxd.instructions.add_memory import atomic_write
+
+        await anyio.to_thread.run_sync(atomic_write, target, text.rstrip() + "\n")
+        return wire.ProjectSummaryResult(path=str(target), text=text)
+
+    async def delete(self, session_id: str) -> wire.DeleteResult:
+        s = self.sessions.pop(session_id, None)
+        path: Path | None = None
+        if s is not None:
+            s.writer.close()
+            path = s.path
+        else:
+            row = await self.index.get(session_id)
+            path = Path(row["path"]) if row and row.get("path") else None
+            if path is None:
+                path = await self._find_file(session_id, Path("/"))
+        deleted = False
+        if path is not None:
+            try:
+                path.unlink()
+                deleted = True
+            except FileNotFoundError:
+                pass
+        await self.index.delete(session_id)
+        return wire.DeleteResult(deleted=deleted or s is not None)
+
+    async def close(self, session_id: str) -> None:
+        s = self.get(session_id)
+        async with s.lock:
+            s.writer.close()
+            self.sessions.pop(session_id, None)
+        await self._index_upsert(s)
+
+    def on_user_turn_complete(self, s: Session) -> list[str]:
+        """Hook for background work after a user-query turn (extraction, dream: issue 7)."""
+        hooks = getattr(self, "turn_complete_hooks", [])
+        scheduled: list[str] = []
+        for hook in hooks:
+            scheduled.extend(hook(s))
+        return scheduled
+
+    def summaries(self) -> list[dict[str, Any]]:
+        from qwenctxd.compaction.thresholds import compute_thresholds, level
+
+        out = []
+        for s in self.sessions.values():
+            th = compute_thresholds(s.window_tokens, s.pct)
+            out.append({"session_id": s.id, "cwd": str(s.cwd), "model": s.model,
+                        "messages": len(s.messages), "prompt_tokens": s.prompt_tokens,
+                        "window_tokens": s.window_tokens, "level": level(s.prompt_tokens, th)})
+        return out
+
+    def record(self, s: Session, msg: dict[str, Any], *, usage: dict[str, int] | None = None,
+               subtype: str | None = None, payload: dict[str, Any] | None = None) -> None:
+        """Append one ChatRecord for ``msg`` (or a system record) to the session's JSONL."""
+        role = msg.get("role") if msg else None
+        rtype = {"user": "user", "assistant": "assistant", "tool": "tool_result"}.get(
+            role or "", "system")
+        rec = records.ChatRecord(
+            uuid=str(uuid.uuid4()), parentUuid=None, sessionId=s.id, timestamp=iso(time.time()),
+            type=rtype if payload is None else "system", subtype=subtype, cwd=str(s.cwd),
+            version=__version__, message=msg if payload is None else None, usage=usage,
+            model=s.model if rtype == "assistant" else None, systemPayload=payload,
+            contextWindowSize=s.window_tokens if payload is not None else None,
+        )
+        try:
+            s.writer.append(rec)
+        except OSError as exc:
+            log.error("session record write failed", session=s.id, error=exc.strerror)
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _mtime(path: Path) -> int:
+    try:
+        return path.stat().st_mtime_ns
+    except OSError:
+        return 0
+
+
+def _locate(session_id: str, cwd: Path, hint: Path | None) -> Path | None:
+    """The JSONL of ``session_id``: under cwd's project dir, where the index says, or in any
+    project's chats dir (a session may be continued from another directory)."""
+    direct = records.session_path(cwd, session_id)
+    if direct.exists():
+        return direct
+    if hint is not None and hint.exists():
+        return hint
+    projects = runtime_base_dir() / "projects"
+    try:
+        slugs = os.listdir(projects)
+    except FileNotFoundError:
+        return None
+    for slug in slugs:
+        cand = projects / slug / "chats" / f"{session_id}.jsonl"
+        if cand.exists():
+            return cand
+    return None

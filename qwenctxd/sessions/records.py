@@ -1,0 +1,501 @@
+"""The session JSONL record: one ``ChatRecord`` per line, Qwen Code's field names, OpenAI messages.
+
+A session lives at ``<runtime base>/projects/<slug>/chats/<session-uuid>.jsonl`` (SPEC §S3). Each
+line is a ``ChatRecord`` whose ``message`` holds one OpenAI chat-completion message dict; a
+``system``/``chat_compression`` record carries the compressed history in
+``systemPayload["compressedHistory"]`` so :func:`resume` can start from the latest one.
+
+Writing (:class:`JsonlWriter`): msgspec-encoded, one ``write`` of the whole line per record on an
+``O_APPEND`` descriptor (so the line reaches the kernel at once — "flushed per record"), fsync per
+policy. A torn tail left by a crash is closed with ``"\\n"`` before the next append, so the torn
+line stays isolated and readers skip it.
+
+Reading (:func:`read_records`, :func:`resume`, :func:`scan_summary`): streamed line by line with
+typed msgspec decoders; a line that does not decode is reported as a :class:`TornLine`, never
+raised. Unknown fields are ignored, so files written by later versions still read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import time
+import uuid as _uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+import msgspec
+
+from qwenctxd.paths import project_dir
+
+RecordType = Literal["user", "assistant", "tool_result", "system"]
+FsyncPolicy = Literal["never", "always", "interval"]
+
+SESSION_FILE_RE = re.compile(r"^[0-9a-fA-F-]{32,36}\.jsonl$")
+SESSION_ID_RE = re.compile(r"^[0-9a-fA-F-]{32,36}$")
+TORN_PREVIEW_BYTES = 4096
+
+SUBTYPE_COMPRESSION = "chat_compression"
+SUBTYPE_TITLE = "custom_title"
+
+
+class ChatRecord(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """One JSONL line. Field names follow Qwen Code's ChatRecord; ``message`` is an OpenAI dict.
+
+    Empty ``uuid``/``sessionId``/``timestamp``/``cwd``/``version`` are filled in by
+    :meth:`JsonlWriter.append`; a ``None`` ``parentUuid`` is chained to the previous record.
+    """
+
+    uuid: str = ""
+    parentUuid: str | None = None
+    sessionId: str = ""
+    timestamp: str = ""
+    type: RecordType
+    subtype: str | None = None
+    cwd: str = ""
+    version: str = ""
+    message: dict[str, Any] | None = None
+    usage: dict[str, Any] | None = None
+    model: str | None = None
+    systemPayload: dict[str, Any] | None = None
+    contextWindowSize: int | None = None
+
+
+class TornLine(msgspec.Struct, frozen=True):
+    """A line that did not decode: 1-based ``line_no``, its first bytes, why, and its full length."""
+
+    line_no: int
+    data: bytes
+    reason: str
+    length: int = 0
+
+
+class ReadResult(msgspec.Struct):
+    records: list[ChatRecord]
+    torn: list[TornLine]
+
+
+class ResumeState(msgspec.Struct, kw_only=True):
+    """What :func:`resume` rebuilds: the API history plus the facts needed for token anchoring.
+
+    ``last_usage`` is the usage of the last assistant record carrying one after the latest
+    checkpoint; ``anchor_index`` is ``len(messages)`` right after that assistant message (the
+    messages ``last_usage.prompt_tokens + completion_tokens`` cover). ``last_uuid`` is the last
+    good record's uuid, for chaining a writer reopened on the same file.
+    """
+
+    messages: list[dict[str, Any]]
+    checkpoint_uuid: str | None = None
+    last_usage: dict[str, Any] | None = None
+    last_model: str | None = None
+    records: int = 0
+    torn: list[TornLine] = msgspec.field(default_factory=list)
+    started_at: str | None = None
+    updated_at: str | None = None
+    title: str | None = None
+    cwd: str | None = None
+    anchor_index: int | None = None
+    last_uuid: str | None = None
+
+
+class SessionSummary(msgspec.Struct, kw_only=True):
+    """One session's index row as scanned from its file (see ``sessions.index``).
+
+    ``path`` may be left empty when upserting: the index then uses ``session_path(project, id)``.
+    """
+
+    session_id: str
+    path: str = ""
+    cwd: str | None = None
+    started_at: str | None = None
+    updated_at: str | None = None
+    messages: int = 0
+    title: str | None = None
+    size: int = 0
+    mtime_ns: int = 0
+
+
+# -- paths ----------------------------------------------------------------------------------------
+
+
+def chats_dir(project: str | os.PathLike[str]) -> Path:
+    """``<runtime base>/projects/<slug>/chats``."""
+    return project_dir(project) / "chats"
+
+
+def session_path(project: str | os.PathLike[str], session_id: str) -> Path:
+    if not SESSION_ID_RE.match(session_id):
+        raise ValueError(f"not a session id: {session_id!r}")
+    return chats_dir(project) / f"{session_id}.jsonl"
+
+
+def new_session_id() -> str:
+    return str(_uuid.uuid4())
+
+
+def now_iso() -> str:
+    """UTC timestamp like JavaScript's ``toISOString()``: ``2025-01-02T03:04:05.678Z``."""
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+# -- writing --------------------------------------------------------------------------------------
+
+
+class _UuidOnly(msgspec.Struct):
+    type: RecordType
+    uuid: str = ""
+
+
+def _tail_uuid(fd: int, size: int) -> str | None:
+    """The uuid of the last decodable record, reading backwards from the end of the file."""
+    dec = msgspec.json.Decoder(_UuidOnly)
+    pos, block, carry = size, 64 * 1024, b""
+    while pos > 0:
+        start = max(0, pos - block)
+        buf = os.pread(fd, pos - start, start) + carry
+        pos = start
+        lines = buf.split(b"\n")
+        carry = lines.pop(0) if pos > 0 else b""
+        for line in reversed(lines):
+            if line.strip():
+                try:
+                    return dec.decode(line).uuid or None
+                except msgspec.DecodeError:
+                    continue
+        block = min(block * 2, 8 * 1024 * 1024)
+    return None
+
+
+class JsonlWriter:
+    """Appends ChatRecords to one session file; one writer per session, used from one task.
+
+    ``fsync``: ``"never"`` (page cache only), ``"always"`` (after every record) or
+    ``"interval"`` (at most every ``fsync_interval`` seconds, checked on append). Every policy
+    but ``"never"`` fsyncs on :meth:`close`. ``parent_uuid`` seeds the chain; by default it is
+    the uuid of the last good record already in the file (``None`` for a new file).
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        session_id: str | None = None,
+        cwd: str = "",
+        version: str = "",
+        fsync: FsyncPolicy = "interval",
+        fsync_interval: float = 1.0,
+        parent_uuid: str | None | msgspec.UnsetType = msgspec.UNSET,
+    ) -> None:
+        if fsync not in ("never", "always", "interval"):
+            raise ValueError(f"fsync policy must be never|always|interval, not {fsync!r}")
+        self.path = Path(path)
+        self.session_id = session_id or self.path.stem
+        self.cwd = cwd
+        self.version = version
+        self.fsync_policy: FsyncPolicy = fsync
+        self.fsync_interval = fsync_interval
+        self.records_written = 0
+        self._enc = msgspec.json.Encoder()
+        self._buf = bytearray()
+        self._dirty = False
+        self._last_sync = time.monotonic()
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        existed = self.path.exists()
+        flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
+        self._fd: int | None = os.open(self.path, flags, 0o600)
+        try:
+            size = os.fstat(self._fd).st_size
+            if size and os.pread(self._fd, 1, size - 1) != b"\n":
+                self._write(b"\n")  # close a torn tail so the next record starts a fresh line
+            if parent_uuid is msgspec.UNSET:
+                parent_uuid = _tail_uuid(self._fd, size) if size else None
+            self.last_uuid: str | None = parent_uuid
+            if not existed and fsync != "never":
+                self._fsync_dir()
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def closed(self) -> bool:
+        return self._fd is None
+
+    def append(self, record: ChatRecord, *, chain: bool = True) -> ChatRecord:
+        """Write one record as a single line; returns it with uuid/timestamp/etc. filled in."""
+        if self._fd is None:
+            raise ValueError("JsonlWriter is closed")
+        updates: dict[str, Any] = {}
+        if not record.uuid:
+            updates["uuid"] = str(_uuid.uuid4())
+        if chain and record.parentUuid is None and self.last_uuid is not None:
+            updates["parentUuid"] = self.last_uuid
+        if not record.sessionId:
+            updates["sessionId"] = self.session_id
+        if not record.timestamp:
+            updates["timestamp"] = now_iso()
+        if not record.cwd and self.cwd:
+            updates["cwd"] = self.cwd
+        if not record.version and self.version:
+            updates["version"] = self.version
+        if updates:
+            record = msgspec.structs.replace(record, **updates)
+        buf = self._buf
+        self._enc.encode_into(record, buf)
+        buf.extend(b"\n")
+        try:
+            self._write(buf)
+        finally:
+            del buf[:]
+        self.last_uuid = record.uuid
+        self.records_written += 1
+        self._dirty = True
+        if self.fsync_policy == "always":
+            self.sync()
+        elif self.fsync_policy == "interval":
+            if time.monotonic() - self._last_sync >= self.fsync_interval:
+                self.sync()
+        return record
+
+    def append_message(
+        self,
+        type: RecordType,
+        message: dict[str, Any],
+        *,
+        usage: dict[str, Any] | None = None,
+        model: str | None = None,
+        context_window_size: int | None = None,
+    ) -> ChatRecord:
+        return self.append(
+            ChatRecord(
+                type=type,
+                message=message,
+                usage=usage,
+                model=model,
+                contextWindowSize=context_window_size,
+            )
+        )
+
+    def append_system(self, subtype: str, payload: dict[str, Any]) -> ChatRecord:
+        return self.append(ChatRecord(type="system", subtype=subtype, systemPayload=payload))
+
+    def append_checkpoint(
+        self, compressed_history: list[dict[str, Any]], **payload: Any
+    ) -> ChatRecord:
+        """A ``chat_compression`` record; :func:`resume` restarts from the latest one."""
+        return self.append_system(
+            SUBTYPE_COMPRESSION, {**payload, "compressedHistory": compressed_history}
+        )
+
+    def append_title(self, title: str, *, source: str = "manual") -> ChatRecord:
+        return self.append_system(SUBTYPE_TITLE, {"customTitle": title, "titleSource": source})
+
+    def sync(self) -> None:
+        """fsync now (whatever the policy)."""
+        if self._fd is not None and self._dirty:
+            os.fsync(self._fd)
+            self._dirty = False
+        self._last_sync = time.monotonic()
+
+    def close(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is None:
+            return
+        try:
+            if self._dirty and self.fsync_policy != "never":
+                os.fsync(fd)
+            self._dirty = False
+        finally:
+            os.close(fd)
+
+    def __enter__(self) -> JsonlWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _write(self, data: bytes | bytearray) -> None:
+        assert self._fd is not None
+        n = os.write(self._fd, data)
+        while n < len(data):  # a regular file takes the whole line at once; short writes are rare
+            data = bytes(data[n:])
+            n = os.write(self._fd, data)
+
+    def _fsync_dir(self) -> None:
+        with contextlib.suppress(OSError):
+            dfd = os.open(self.path.parent, os.O_RDONLY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+
+
+# -- reading --------------------------------------------------------------------------------------
+
+
+def _torn(line_no: int, line: bytes, err: Exception) -> TornLine:
+    body = line.rstrip(b"\r\n")
+    kind = "undecodable line" if line.endswith(b"\n") else "torn tail (no newline)"
+    return TornLine(line_no, bytes(body[:TORN_PREVIEW_BYTES]), f"{kind}: {err}", len(body))
+
+
+def _lines(path: str | os.PathLike[str]) -> Iterator[tuple[int, bytes]]:
+    with open(path, "rb", buffering=1024 * 1024) as f:
+        yield from enumerate(f, 1)
+
+
+def read_records(path: str | os.PathLike[str]) -> ReadResult:
+    """Every record in file order; undecodable lines are skipped and reported, never raised."""
+    dec = msgspec.json.Decoder(ChatRecord)
+    records: list[ChatRecord] = []
+    torn: list[TornLine] = []
+    for line_no, line in _lines(path):
+        try:
+            records.append(dec.decode(line))
+        except msgspec.DecodeError as e:
+            if line.strip():
+                torn.append(_torn(line_no, line, e))
+    return ReadResult(records, torn)
+
+
+class _ResumeRec(msgspec.Struct, kw_only=True):
+    type: RecordType
+    uuid: str = ""
+    timestamp: str = ""
+    subtype: str | None = None
+    cwd: str = ""
+    message: dict[str, Any] | None = None
+    usage: dict[str, Any] | None = None
+    model: str | None = None
+    systemPayload: msgspec.Raw = msgspec.Raw()
+
+
+_PAYLOAD_DEC = msgspec.json.Decoder(dict[str, Any] | None)
+
+
+def resume(path: str | os.PathLike[str]) -> ResumeState:
+    """Rebuild the API history: the latest checkpoint's compressed history + every later message.
+
+    Without a checkpoint, every non-system record's message in file order. Streams the file;
+    messages collected before a checkpoint are dropped when it is met.
+    """
+    dec = msgspec.json.Decoder(_ResumeRec)
+    decode = dec.decode
+    payload_decode = _PAYLOAD_DEC.decode
+    messages: list[dict[str, Any]] = []
+    append = messages.append
+    torn: list[TornLine] = []
+    records = 0
+    checkpoint_uuid = last_model = title = started_at = cwd = None
+    last_usage: dict[str, Any] | None = None
+    anchor: int | None = None
+    rec: _ResumeRec | None = None
+    last_good: _ResumeRec | None = None
+    for line_no, line in _lines(path):
+        try:
+            rec = decode(line)
+        except msgspec.DecodeError as e:
+            if line.strip():
+                torn.append(_torn(line_no, line, e))
+            continue
+        if rec.type == "system":
+            sub = rec.subtype
+            if sub == SUBTYPE_COMPRESSION or sub == SUBTYPE_TITLE:
+                try:
+                    payload = payload_decode(rec.systemPayload) if rec.systemPayload else None
+                except msgspec.DecodeError as e:
+                    torn.append(_torn(line_no, line, e))
+                    continue
+                if sub == SUBTYPE_COMPRESSION:
+                    hist = payload.get("compressedHistory") if payload else None
+                    if isinstance(hist, list):
+                        messages = [m for m in hist if isinstance(m, dict)]
+                        append = messages.append
+                        checkpoint_uuid = rec.uuid or None
+                        last_usage = anchor = None
+                elif payload and isinstance(payload.get("customTitle"), str):
+                    title = payload["customTitle"] or None
+        else:
+            if rec.message is not None:
+                append(rec.message)
+            if rec.type == "assistant" and rec.usage is not None:
+                last_usage = rec.usage
+                anchor = len(messages)
+            if rec.model:
+                last_model = rec.model
+        records += 1
+        if last_good is None:
+            started_at = rec.timestamp or None
+        if cwd is None and rec.cwd:
+            cwd = rec.cwd
+        last_good = rec
+    return ResumeState(
+        messages=messages,
+        checkpoint_uuid=checkpoint_uuid,
+        last_usage=last_usage,
+        last_model=last_model,
+        records=records,
+        torn=torn,
+        started_at=started_at,
+        updated_at=(last_good.timestamp or None) if last_good else None,
+        title=title,
+        cwd=cwd,
+        anchor_index=anchor,
+        last_uuid=(last_good.uuid or None) if last_good else None,
+    )
+
+
+class _SummaryRec(msgspec.Struct, kw_only=True):
+    type: RecordType
+    timestamp: str = ""
+    subtype: str | None = None
+    cwd: str = ""
+    message: msgspec.Raw = msgspec.Raw()
+    systemPayload: msgspec.Raw = msgspec.Raw()
+
+
+def scan_summary(path: str | os.PathLike[str]) -> SessionSummary:
+    """The index row for one session file: cheap per line (messages are skipped, not built).
+
+    ``size``/``mtime_ns`` are taken before reading, so a concurrent append makes the row look
+    stale (and get rescanned) rather than look fresh with missing data.
+    """
+    p = Path(path)
+    st = os.stat(p)
+    dec = msgspec.json.Decoder(_SummaryRec)
+    started_at = updated_at = cwd = title = None
+    count = 0
+    for _line_no, line in _lines(p):
+        try:
+            rec = dec.decode(line)
+        except msgspec.DecodeError:
+            continue
+        if started_at is None and rec.timestamp:
+            started_at = rec.timestamp
+        if rec.timestamp:
+            updated_at = rec.timestamp
+        if cwd is None and rec.cwd:
+            cwd = rec.cwd
+        if rec.type == "system":
+            if rec.subtype == SUBTYPE_TITLE and rec.systemPayload:
+                try:
+                    payload = _PAYLOAD_DEC.decode(rec.systemPayload)
+                except msgspec.DecodeError:
+                    continue
+                if payload and isinstance(payload.get("customTitle"), str):
+                    title = payload["customTitle"] or None
+        elif rec.message and not (len(rec.message) == 4 and bytes(rec.message) == b"null"):
+            count += 1
+    return SessionSummary(
+        session_id=p.stem,
+        path=str(p),
+        cwd=cwd,
+        started_at=started_at,
+        updated_at=updated_at,
+        messages=count,
+        title=title,
+        size=st.st_size,
+        mtime_ns=st.st_mtime_ns,
+    )

@@ -1,0 +1,114 @@
+"""One session's state: history, per-message token estimates, the API anchor, the recorder.
+
+Token accounting: the prompt count the client reports for a model reply (``record_model``
+usage) is authoritative for everything up to that reply; later messages, and any change in
+the system prompt since, are estimated with the one estimator. Without an anchor the whole
+prompt (system + tools + history) is estimated.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from qwenctxd.compaction.estimate import message_tokens
+from qwenctxd.compaction.thresholds import Breaker
+from qwenctxd.sessions.records import JsonlWriter
+from qwenctxd.tokens import estimate_tokens
+
+Message = dict[str, Any]
+
+
+@dataclass
+class Anchor:
+    total: int  # API prompt + completion tokens for messages[:index]
+    index: int  # how many history messages the API count covers
+    system_tokens: int  # estimated system+tools tokens when it was taken
+
+
+@dataclass
+class Session:
+    id: str
+    cwd: Path
+    project_root: Path | None
+    model: str
+    window_tokens: int
+    pct: float
+    tools: list[dict[str, Any]]
+    env: dict[str, str]
+    path: Path
+    writer: JsonlWriter
+    image_tokens: int = 1600
+    messages: list[Message] = field(default_factory=list)
+    msg_tokens: list[int] = field(default_factory=list)
+    anchor: Anchor | None = None
+    breaker: Breaker = field(default_factory=Breaker)
+    lock: anyio.Lock = field(default_factory=anyio.Lock)
+    started_at: float = field(default_factory=time.time)
+    updated_at: float = field(default_factory=time.time)
+    last_model_reply_at: float | None = None
+    user_turn_open: bool = False
+    tool_images: int = 0
+    tool_calls_seen: int = 0
+    delivered_rules: set[str] = field(default_factory=set)
+    last_level: str = "ok"
+    memory_written_this_turn: bool = False
+    prompt_tokens: int = 0  # the figure of the last assembled prompt
+
+    # -- history -------------------------------------------------------------------------------
+    def append(self, msg: Message) -> None:
+        self.messages.append(msg)
+        self.msg_tokens.append(message_tokens(msg, image_tokens=self.image_tokens))
+        self.updated_at = time.time()
+
+    def replace_history(self, messages: list[Message], *, keep_anchor_delta: int | None = None) -> None:
+        """Swap the history (compaction). ``keep_anchor_delta``: keep the API anchor, shifted
+        down by that many tokens (micro-compaction keeps positions); else drop it."""
+        self.messages = list(messages)
+        self.msg_tokens = [message_tokens(m, image_tokens=self.image_tokens) for m in self.messages]
+        if keep_anchor_delta is not None and self.anchor is not None:
+            self.anchor = Anchor(
+                total=max(0, self.anchor.total - keep_anchor_delta),
+                index=min(self.anchor.index, len(self.messages)),
+                system_tokens=self.anchor.system_tokens,
+            )
+        else:
+            self.anchor = None
+        self.updated_at = time.time()
+
+    def pending_tool_calls(self) -> list[str]:
+        """Ids of the last assistant message's tool calls that have no result yet."""
+        for i in range(len(self.messages) - 1, -1, -1):
+            m = self.messages[i]
+            if m.get("role") == "assistant":
+                ids = [c.get("id") for c in m.get("tool_calls") or [] if c.get("id")]
+                answered = {x.get("tool_call_id") for x in self.messages[i + 1:]
+                            if x.get("role") == "tool"}
+                return [c for c in ids if c not in answered]
+            if m.get("role") == "user":
+                return []
+        return []
+
+    # -- tokens --------------------------------------------------------------------------------
+    def estimate(self, system_tokens: int) -> tuple[int, bool]:
+        """(prompt tokens, anchored?) for the history plus a system+tools of ``system_tokens``."""
+        a = self.anchor
+        if a is not None and a.index <= len(self.messages):
+            tail = sum(self.msg_tokens[a.index:])
+            return max(0, a.total + tail + (system_tokens - a.system_tokens)), True
+        return system_tokens + sum(self.msg_tokens), False
+
+    def set_anchor(self, prompt_tokens: int, completion_tokens: int, system_tokens: int) -> None:
+        self.anchor = Anchor(total=prompt_tokens + completion_tokens, index=len(self.messages),
+                             system_tokens=system_tokens)
+
+
+def system_tokens(system: str, tools: list[dict[str, Any]]) -> int:
+    import msgspec
+
+    return estimate_tokens(system) + (estimate_tokens(msgspec.json.encode(tools).decode())
+                                      if tools else 0)

@@ -1,0 +1,334 @@
+"""The turn pipeline: append → triggers (micro / full compaction) → reminders → AssembledPrompt.
+
+``session.turn`` appends the user input or tool results, runs the compaction checks in the
+order SPEC §S3 gives (image overflow, hard, auto, warn; idle and size micro-compaction first),
+delivers reminders inside the new messages (so they stay in history and the message prefix
+stays cache-stable), and returns a prompt whose ``system + tools + messages`` are a valid
+chat-completions body. ``session.record_model`` appends the reply and re-anchors the token
+count on the API's figure.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import structlog
+
+from qwenctxd.compaction import hooks as hooks_mod
+from qwenctxd.compaction import micro, post_compact
+from qwenctxd.compaction.estimate import history_tokens
+from qwenctxd.compaction.thresholds import compute_thresholds, context_left_pct, level
+from qwenctxd.instructions.rules import relative_to_root, rule_reminder
+from qwenctxd.protocol import errors
+from qwenctxd.protocol import session as wire
+from qwenctxd.protocol.instructions import prefix_hash
+from qwenctxd.sessions.manager import SessionManager
+from qwenctxd.sessions.state import Session, system_tokens
+
+log = structlog.get_logger("qwenctxd.turns")
+NOT_EXECUTED = "[Tool call not executed: the user sent a new message before it ran]"
+EXTENSION_FIELDS = ("is_error",)
+
+
+class TurnPipeline:
+    def __init__(self, manager: SessionManager) -> None:
+        self.m = manager
+        self._prefix: dict[tuple[str, int], str] = {}
+
+    # -- session.turn ---------------------------------------------------------------------------
+    async def turn(self, p: wire.TurnParams) -> wire.AssembledPrompt:
+        s = self.m.get(p.session_id)
+        async with s.lock:
+            events: list[dict[str, Any]] = []
+            reminders: list[wire.Reminder] = []
+            new_msgs = self._incoming(s, p, events)
+            reminders.extend(await self._rule_reminders(s, p.touched_paths or []))
+            self._attach_reminders(s, p.kind, new_msgs, reminders)
+            for msg in new_msgs:
+                s.append(msg)
+                self.m.record(s, msg)
+            sp = await self.m.instructions.system_prompt(s.cwd, model=s.model, env=s.env)
+            sys_tok = system_tokens(sp.text, s.tools)
+            await self._maybe_micro(s, events, sys_tok)
+            await self._maybe_compress(s, events, sys_tok)
+            return self._assemble(s, sp.text, sp.prefix_hash, sys_tok, reminders, events)
+
+    def _incoming(self, s: Session, p: wire.TurnParams, events: list[dict[str, Any]]
+                  ) -> list[dict[str, Any]]:
+        pending = s.pending_tool_calls()
+        out: list[dict[str, Any]] = []
+        if p.kind == "tool_results":
+            results = p.tool_results or []
+            if not results:
+                raise errors.InvalidParams("tool_results is empty",
+                                           data={"field": "tool_results", "message": "empty"})
+            seen: set[str] = set()
+            for i, r in enumerate(results):
+                if r.tool_call_id not in pending or r.tool_call_id in seen:
+                    raise errors.InvalidParams(
+                        f"tool_results[{i}].tool_call_id {r.tool_call_id!r} answers no pending "
+                        f"tool call (pending: {', '.join(pending) or 'none'})",
+                        data={"field": f"tool_results[{i}].tool_call_id",
+                              "message": "no such pending tool call"})
+                seen.add(r.tool_call_id)
+            missing = [c for c in pending if c not in seen]
+            if missing:
+                raise errors.InvalidParams(
+                    f"tool results missing for pending calls: {', '.join(missing)}",
+                    data={"field": "tool_results", "message": "missing results",
+                          "missing": missing})
+            for r in results:
+                msg: dict[str, Any] = {"role": "tool", "tool_call_id": r.tool_call_id,
+                                       "content": r.content}
+                if r.name:
+                    msg["name"] = r.name
+                if r.is_error:
+                    msg["is_error"] = True
+                if isinstance(r.content, list):
+                    s.tool_images += sum(1 for part in r.content
+                                         if part.get("type") == "image_url")
+                out.append(msg)
+            s.tool_calls_seen += len(results)
+            if p.text:
+                out.append({"role": "user", "content": p.text})
+            return out
+        # user or cron turn: a new question abandons calls still pending
+        for call_id in pending:
+            out.append({"role": "tool", "tool_call_id": call_id, "content": NOT_EXECUTED,
+                        "is_error": True})
+        if pending:
+            events.append({"type": "tool_calls_abandoned", "tool_call_ids": pending})
+        if not (p.text or p.images):
+            raise errors.InvalidParams(f"a {p.kind} turn needs text or images",
+                                       data={"field": "text", "message": "missing"})
+        if p.images:
+            content: Any = ([{"type": "text", "text": p.text}] if p.text else []) + list(p.images)
+        else:
+            content = p.text
+        out.append({"role": "user", "content": content})
+        if p.kind == "user":
+            s.user_turn_open = True
+            s.memory_written_this_turn = False
+        return out
+
+    async def _rule_reminders(self, s: Session, touched: list[str]) -> list[wire.Reminder]:
+        if not touched:
+            return []
+        inst = await self.m.instructions.instruction_set(s.cwd)
+        root = inst.project_root or s.cwd
+        out = []
+        for rule in inst.rules.conditional:
+            key = str(rule.path)
+            if key in s.delivered_rules:
+                continue
+            for raw in touched:
+                rel = relative_to_root(raw if raw.startswith("/") else s.cwd / raw, root)
+                if rel is not None and rule.matches(rel):
+                    s.delivered_rules.add(key)
+                    out.append(wire.Reminder(kind="rule",
+                                             text=rule_reminder(rule.path, root, rule.body)))
+                    break
+        return out
+
+    @staticmethod
+    def _attach_reminders(s: Session, kind: str, new_msgs: list[dict[str, Any]],
+                          reminders: list[wire.Reminder]) -> None:
+        if not reminders:
+            return
+        parts = [{"type": "text", "text": r.text} for r in reminders]
+        last = new_msgs[-1] if new_msgs else None
+        if last is not None and last.get("role") == "user":
+            content = last["content"]
+            body = [{"type": "text", "text": content}] if isinstance(content, str) else content
+            last["content"] = parts + body  # unshift: reminders before the user's words
+        else:
+            new_msgs.append({"role": "user", "content": parts})  # after tool results
+
+    # -- compaction triggers ---------------------------------------------------------------------
+    def _settings(self, s: Session):  # type: ignore[no-untyped-def]
+        return self.m.instructions.settings_for(s.cwd)
+
+    async def _maybe_micro(self, s: Session, events: list[dict[str, Any]], sys_tok: int) -> None:
+        idle = self._settings(s).context.clear_context_on_idle
+        tool_chars = micro.tool_result_chars(s.messages)
+        trigger = micro.should_micro_compact(
+            now=time.time(), last_model_reply_at=s.last_model_reply_at,
+            idle_minutes=idle.tool_results_threshold_minutes, tool_chars=tool_chars,
+            size_threshold=idle.tool_results_total_chars_threshold)
+        if trigger is not None:
+            self._micro(s, events, trigger=trigger, keep=idle.tool_results_num_to_keep)
+
+    def _micro(self, s: Session, events: list[dict[str, Any]], *, trigger: str, keep: int,
+               strip_reasoning: bool = False) -> int:
+        r = micro.micro_compact(s.messages, keep=keep, trigger=trigger,  # type: ignore[arg-type]
+                                strip_reasoning=strip_reasoning, image_tokens=s.image_tokens)
+        if r.messages is s.messages:
+            return 0
+        s.replace_history(r.messages, keep_anchor_delta=r.tokens_saved)
+        self.m.record(s, {}, subtype="micro_compaction", payload={
+            "trigger": trigger, "cleared": r.cleared, "tokensSaved": r.tokens_saved,
+            "compressedHistory": r.messages})
+        events.append({"type": "micro_compacted", "trigger": trigger, "cleared": r.cleared,
+                       "kept": r.kept, "tokens_saved": r.tokens_saved,
+                       "evicted_read_paths": r.evicted_read_paths,
+                       "unresolved_evicted_reads": r.unresolved_evicted_reads})
+        return r.tokens_saved
+
+    async def _maybe_compress(self, s: Session, events: list[dict[str, Any]], sys_tok: int) -> None:
+        cfg = self._settings(s).model.chat_compression
+        tokens, _ = s.estimate(sys_tok)
+        th = compute_thresholds(s.window_tokens, s.pct)
+        lvl = level(tokens, th)
+        reason: str | None = None
+        forced = False
+        if cfg.enable_screenshot_trigger and s.tool_images >= cfg.screenshot_trigger_threshold:
+            reason = "image_overflow"
+        if lvl == "hard":
+            reason, forced = "hard", True
+        elif lvl == "auto" and reason is None:
+            reason = "auto"
+        if reason is None:
+            return
+        if not forced and not s.breaker.allow(False):
+            events.append({"type": "compression_skipped", "reason": "breaker_open",
+                           "level": lvl, "tokens": tokens})
+            return
+        result = await self.compress(s, trigger="auto", focus=None, sys_tok=sys_tok,
+                                     reason=reason, forced=forced)
+        events.extend(result.events)
+        if reason == "image_overflow" and result.status == "compressed":
+            s.tool_images = 0
+        if forced and result.status != "compressed":
+            # the window is about to overflow and no summary came: shed tool output instead
+            keep = self._settings(s).context.clear_context_on_idle.tool_results_num_to_keep
+            saved = self._micro(s, events, trigger="force", keep=max(1, min(keep, 2)),
+                                strip_reasoning=True)
+            events.append({"type": "hard_fallback", "tokens_saved": saved})
+
+    async def compress(self, s: Session, *, trigger: str, focus: str | None, sys_tok: int,
+                       reason: str, forced: bool) -> wire.CompressResult:
+        before_total, _ = s.estimate(sys_tok)
+        history_before = before_total - sys_tok
+        settings = self._settings(s)
+        hook_cfg = settings.hooks
+
+        async def pre_hook() -> hooks_mod.HookRun:
+            return await hooks_mod.run_pre_compact(
+                hook_cfg, trigger=trigger, session_id=s.id, cwd=str(s.cwd),
+                transcript_path=str(s.path), custom_instructions=focus)
+
+        async def post_hook(summary: str) -> hooks_mod.HookRun:
+            return await hooks_mod.run_post_compact(
+                hook_cfg, trigger=trigger, session_id=s.id, cwd=str(s.cwd), summary=summary,
+                transcript_path=str(s.path))
+
+        result = await post_compact.compress(
+            self.m.model, s.messages, trigger=trigger, focus=focus,
+            workspace_root=s.project_root or s.cwd, tokens_before=history_before,
+            estimate_history=lambda h: history_tokens(h, image_tokens=s.image_tokens),
+            pre_hook=pre_hook if hook_cfg.get("PreCompact") else None,
+            post_hook=post_hook if hook_cfg.get("PostCompact") else None,
+        )
+        events: list[dict[str, Any]] = list(result.hook_events)
+        if result.status == "compressed":
+            s.replace_history(result.history)
+            s.breaker.record(True)
+            self.m.record(s, {}, subtype="chat_compression", payload={
+                "info": {"status": result.status, "trigger": trigger, "reason": reason,
+                         "originalTokenCount": before_total,
+                         "newTokenCount": sys_tok + result.tokens_after},
+                "compressedHistory": result.history})
+            after = sys_tok + result.tokens_after
+            ev = {"type": "compressed", "status": result.status, "trigger": trigger,
+                  "reason": reason, "tokens_before": before_total, "tokens_after": after}
+            events.append(ev)
+            self.m.bus.publish("session/compressed", {"session_id": s.id, **ev})
+        else:
+            s.breaker.record(False)
+            after = before_total
+            events.append({"type": "compression_failed", "status": result.status,
+                           "trigger": trigger, "reason": reason})
+        log.info("compression", session=s.id, status=result.status, trigger=trigger,
+                 reason=reason, before=before_total, after=after)
+        return wire.CompressResult(status=result.status, tokens_before=before_total,
+                                   tokens_after=after, events=events)
+
+    # -- the prompt -------------------------------------------------------------------------------
+    def _assemble(self, s: Session, system: str, sys_hash: str, sys_tok: int,
+                  reminders: list[wire.Reminder], events: list[dict[str, Any]]
+                  ) -> wire.AssembledPrompt:
+        tokens, anchored = s.estimate(sys_tok)
+        s.prompt_tokens = tokens
+        th = compute_thresholds(s.window_tokens, s.pct)
+        lvl = level(tokens, th)
+        usage = wire.Usage(prompt_tokens=tokens, window_tokens=s.window_tokens,
+                           thresholds=wire.Thresholds(warn=th.warn, auto=th.auto, hard=th.hard),
+                           level=lvl, context_left_pct=context_left_pct(tokens, s.window_tokens),
+                           anchored=anchored)
+        if lvl != "ok":
+            events.append({"type": "usage", "level": lvl, "prompt_tokens": tokens})
+            self.m.bus.publish("session/usage", {"session_id": s.id, "prompt_tokens": tokens,
+                                                 "window_tokens": s.window_tokens, "level": lvl})
+        s.last_level = lvl
+        key = (sys_hash, id(s.tools))
+        phash = self._prefix.get(key)
+        if phash is None:
+            phash = prefix_hash(system, s.tools)
+            if len(self._prefix) > 1024:
+                self._prefix.clear()
+            self._prefix[key] = phash
+        self.m.schedule_index_touch(s)
+        return wire.AssembledPrompt(system=system, messages=wire_messages(s.messages),
+                                    tools=s.tools, reminders=reminders, usage=usage,
+                                    events=events, prefix_hash=phash, session_id=s.id)
+
+    # -- session.record_model ----------------------------------------------------------------------
+    async def record_model(self, p: wire.RecordModelParams) -> wire.RecordModelResult:
+        s = self.m.get(p.session_id)
+        async with s.lock:
+            msg = dict(p.message)
+            if msg.get("role") != "assistant":
+                raise errors.InvalidParams("message.role must be \"assistant\"",
+                                           data={"field": "message.role", "message": "not assistant"})
+            if s.messages and s.messages[-1].get("role") == "assistant":
+                raise errors.InvalidParams(
+                    "a model reply must follow a turn (the last message is already a reply)",
+                    data={"field": "message", "message": "reply without a turn"})
+            calls = msg.get("tool_calls") or []
+            for i, c in enumerate(calls):
+                if not isinstance(c, dict) or not c.get("id") or not isinstance(
+                        c.get("function"), dict) or not c["function"].get("name"):
+                    raise errors.InvalidParams(
+                        f"message.tool_calls[{i}] needs an id and function.name",
+                        data={"field": f"message.tool_calls[{i}]", "message": "malformed"})
+                c.setdefault("type", "function")
+            if not calls and not msg.get("content"):
+                msg["content"] = ""
+            s.append(msg)
+            usage = None
+            if p.usage is not None:
+                usage = {"prompt_tokens": p.usage.prompt_tokens,
+                         "completion_tokens": p.usage.completion_tokens}
+                sp = await self.m.instructions.system_prompt(s.cwd, model=s.model, env=s.env)
+                s.set_anchor(p.usage.prompt_tokens, p.usage.completion_tokens,
+                             system_tokens(sp.text, s.tools))
+            self.m.record(s, msg, usage=usage)
+            s.last_model_reply_at = time.time()
+            complete = not calls
+            scheduled: list[str] = []
+            if complete and s.user_turn_open:
+                s.user_turn_open = False
+                scheduled.extend(self.m.on_user_turn_complete(s))
+            self.m.schedule_index_touch(s)
+            return wire.RecordModelResult(turn_complete=complete, scheduled=scheduled)
+
+
+def wire_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The history as POSTed: our extension fields removed (only those messages are copied)."""
+    out = []
+    for m in messages:
+        if any(k in m for k in EXTENSION_FIELDS):
+            m = {k: v for k, v in m.items() if k not in EXTENSION_FIELDS}
+        out.append(m)
+    return out
