@@ -30,7 +30,7 @@ def agent_handler(body: dict[str, Any]) -> Reply:
         return Reply(content=SUMMARY, usage={"prompt_tokens": 100, "completion_tokens": 50})
     last = body["messages"][-1]
     n = len(body["messages"])
-    usage = {"prompt_tokens": 1000 + 10 * n, "completion_tokens": 20}
+    usage = {"prompt_tokens": len(json.dumps(body["messages"])) // 4, "completion_tokens": 20}
     if last["role"] == "user" and "tool" not in str(last.get("content")):
         return Reply(tool_calls=[{"id": f"call_{n}", "function": {
             "name": "read_file", "arguments": json.dumps({"file_path": "/tmp/x.py"})}}],
@@ -112,8 +112,8 @@ def test_forty_turns_round_trip_and_survive_kill_9(spawn, stub: ScriptedOpenAI) 
     resumed = again.call("session.open", {"cwd": str(repo), "model": "stub-model",
                                           "session_id": sid, "resume": True, "tools": TOOLS})
     assert resumed["resumed"] is True and resumed["messages"] == 160
-    last_usage = stub.requests[-1]  # the last main-model answer's usage anchored the count
-    assert resumed["prompt_tokens"] == 1000 + 10 * (len(last_usage.body["messages"])) + 20
+    last_request = stub.requests[-1]  # the last main-model answer's usage anchored the count
+    assert resumed["prompt_tokens"] == len(json.dumps(last_request.body["messages"])) // 4 + 20
     p = again.call("session.turn", {"session_id": sid, "kind": "user", "text": "after restart"})
     assert p["messages"][:-1] == last["messages"] + [p["messages"][-2]]
     post(stub, p)  # still a valid body
@@ -281,3 +281,86 @@ def test_any_client_continues_a_session(spawn, stub) -> None:  # type: ignore[no
         again = cli.call("session.open", {"cwd": str(d.home), "model": "stub-model",
                                           "session_id": sid})
         assert again["messages"] == 1
+
+
+def test_notifications_fast_compress_and_summary(spawn, stub) -> None:  # type: ignore[no-untyped-def]
+    d: SpawnedDaemon = spawn(env=model_env(stub)).start()
+    repo = d.home / "nproj"
+    (repo / ".git").mkdir(parents=True)
+    sid = open_session(d, repo, window_tokens=100_000)["session_id"]
+    with d.client() as sub:
+        sub.call("daemon.subscribe", {"topics": ["session/usage", "session/compressed"]})
+        base = d.call("session.turn", {"session_id": sid, "kind": "user", "text": "start"})
+        d.call("session.record_model", {"session_id": sid,
+                                        "message": {"role": "assistant", "content": "ok"}})
+        room = 80_000 - base["usage"]["prompt_tokens"]
+        p = _fill(d, stub, sid, room * 4)  # past hard (77 000): compress
+        assert any(e["type"] == "compressed" for e in p["events"])
+        for _ in range(20):
+            if any(n["method"] == "session/compressed" for n in sub.notifications):
+                break
+            sub.call("daemon.ping")
+        methods = [n["method"] for n in sub.notifications]
+        assert "session/compressed" in methods
+        note = next(n for n in sub.notifications if n["method"] == "session/compressed")
+        assert note["params"]["session_id"] == sid and note["params"]["tokens_after"] > 0
+    # compress-fast clears old tool results with no model call
+    requests_before = len(stub.requests)
+    for i in range(7):
+        run_turn(d, stub, sid, f"more {i}")
+    r = d.call("session.compress", {"session_id": sid, "mode": "fast"})
+    assert r["status"] == "compressed" and r["tokens_after"] < r["tokens_before"]
+    assert any(e["type"] == "micro_compacted" and e["cleared"]["tool"] >= 2 for e in r["events"])
+    assert len(stub.requests) == requests_before + 14  # only the main-model calls we made
+    p = d.call("session.turn", {"session_id": sid, "kind": "user", "text": "after fast"})
+    assert "[Old tool result content cleared]" in json.dumps(p["messages"])
+    post(stub, p)
+    # the project summary is saved where a later session can read it
+    stub.handler = None
+    stub.push(Reply(content="# Project Summary\n\n## Overall Goal\nShip it.\n"))
+    d.call("session.record_model", {"session_id": sid, "message": {"role": "assistant",
+                                                                     "content": "fine"}})
+    summary = d.call("session.project_summary", {"session_id": sid})
+    assert summary["path"] == str(repo / ".qwen" / "PROJECT_SUMMARY.md")
+    assert (repo / ".qwen" / "PROJECT_SUMMARY.md").read_text().startswith("# Project Summary")
+
+
+def test_precompact_hook_from_settings(spawn, stub) -> None:  # type: ignore[no-untyped-def]
+    d: SpawnedDaemon = spawn(env=model_env(stub))
+    marker = d.root / "post.json"
+    settings = d.home / ".qwen" / "settings.json"
+    settings.parent.mkdir(parents=True)
+    settings.write_text(json.dumps({"hooks": {
+        "PreCompact": [{"hooks": [{"type": "command",
+                                    "command": "echo '{\"additionalContext\": \"Keep the <auth> notes\"}'"}]}],
+        "PostCompact": [{"hooks": [{"type": "command", "command": f"cat > {marker}"}]}],
+    }}))
+    d.start()
+    sid = open_session(d, d.home)["session_id"]
+    for i in range(6):
+        run_turn(d, stub, sid, f"hello {i}")
+    r = d.call("session.compress", {"session_id": sid, "mode": "full",
+                                    "instructions": "focus on auth"})
+    assert r["status"] == "compressed", r
+    compression = [q for q in stub.requests if is_compression(q.body)][-1]
+    system = compression.body["messages"][0]["content"]
+    assert "focus on auth" in system and "Keep the ‹auth› notes" in system
+    post_payload = json.loads(marker.read_text())
+    assert post_payload["hook_event_name"] == "PostCompact"
+    assert "refactor auth" in post_payload["summary"] and "<analysis>" not in post_payload["summary"]
+
+
+def test_list_survives_a_lost_index(spawn, stub) -> None:  # type: ignore[no-untyped-def]
+    d: SpawnedDaemon = spawn(env=model_env(stub)).start()
+    sid = open_session(d, d.home)["session_id"]
+    run_turn(d, stub, sid, "hello")
+    d.call("session.close", {"session_id": sid})
+    d.stop()
+    for f in (d.home / ".local" / "state" / "qwenctxd").glob("sessions.sqlite*"):
+        f.unlink()
+    again = spawn(root=d.root, env=model_env(stub))
+    again.log_path = d.root / "again.log"
+    again.start()
+    assert again.call("daemon.drain", {"timeout_s": 10})["drained"]
+    rows = again.call("session.list", {})["sessions"]
+    assert [r["session_id"] for r in rows] == [sid] and rows[0]["messages"] == 4

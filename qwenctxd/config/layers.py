@@ -55,7 +55,7 @@ def _encode_names(cls: type[msgspec.Struct]) -> frozenset[str]:
 
 
 #: Top-level keys of Qwen Code's settings.json that the daemon reads; the rest are ignored.
-SETTINGS_JSON_KEYS = frozenset({"context", "memory", "skills", "model", "fastModel"})
+SETTINGS_JSON_KEYS = frozenset({"context", "memory", "skills", "model", "fastModel", "hooks"})
 #: config.toml: tables allowed at the top level, and the top-level scalars.
 TOML_TABLES = ("daemon", "model", "context", "memory", "skills")
 TOML_SCALARS = frozenset({"fastModel"})
