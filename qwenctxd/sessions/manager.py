@@ -135,6 +135,9 @@ class SessionManager:
         torn: list[int] = []
         if state is not None:
             s.replace_history(state.messages)
+            s.title = state.title
+            s.started_at = _parse_iso(state.started_at) or s.started_at
+            s.updated_at = _parse_iso(state.updated_at) or s.updated_at
             if state.last_usage and state.anchor_index is not None:
                 from qwenctxd.sessions.state import Anchor
 
@@ -170,7 +173,7 @@ class SessionManager:
     async def _index_upsert(self, s: Session) -> None:
         summary = records.SessionSummary(
             session_id=s.id, path=str(s.path), cwd=str(s.cwd), started_at=iso(s.started_at),
-            updated_at=iso(s.updated_at), messages=len(s.messages), title=None,
+            updated_at=iso(s.updated_at), messages=len(s.messages), title=s.title,
             size=_size(s.path), mtime_ns=_mtime(s.path))
         await self.index.upsert(summary, project=str(s.cwd))
 
@@ -274,6 +277,15 @@ class SessionManager:
             s.writer.append(rec)
         except OSError as exc:
             log.error("session record write failed", session=s.id, error=exc.strerror)
+
+
+def _parse_iso(value: str | None) -> float | None:
+    if not value:
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
 
 
 def _size(path: Path) -> int:

@@ -58,6 +58,7 @@ class Session:
     last_level: str = "ok"
     memory_written_this_turn: bool = False
     prompt_tokens: int = 0  # the figure of the last assembled prompt
+    title: str | None = None
 
     # -- history -------------------------------------------------------------------------------
     def append(self, msg: Message) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from qwenctl import instructions_cmds, render
+from qwenctl import instructions_cmds, render, session_cmds
 from qwenctl.daemon_link import (
     EXIT_DAEMON_ERROR,
     EXIT_OK,
@@ -134,6 +134,7 @@ COMMANDS: dict[str, Callable[[Ctx], int]] = {
     "install-service": cmd_install_service,
     "prompt": instructions_cmds.cmd_prompt,
     "instructions": instructions_cmds.cmd_instructions,
+    "sessions": session_cmds.cmd_sessions,
 }
 
 
@@ -178,6 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
     ins = sub.add_parser("instructions", parents=[common],
                          help="instruction files, imports, rules and problems for a directory")
     ins.add_argument("--cwd", help="working directory (default: the current one)")
+    session_cmds.add_parser(sub, common)
     return p
 
 

@@ -1,0 +1,1 @@
+"""Skills: SKILL.md discovery, parsing, precedence, conditional activation and listing."""

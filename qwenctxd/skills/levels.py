@@ -1,0 +1,224 @@
+"""Skill discovery: which directories are scanned, in what order, and how winners are chosen.
+
+Levels × provider directories (reference/qwen-code-facts.md §4.1):
+
+- project: ``<root>/.qwen/skills``, ``<root>/.agents/skills`` — skipped when there is no
+  project root or the root is the home directory (they would be the user dirs again);
+- user: ``<qwen dir>/skills`` (``QWEN_HOME`` aware through ``qwen_dir``), ``~/.agents/skills``,
+  then ``skills.directories`` (``~`` expanded, relative paths resolved against ``cwd``);
+- extension: directories supplied by active extensions;
+- bundled: :data:`BUNDLED_DIR`, shipped inside the package.
+
+The same directory is scanned once (first position wins). Each base holds
+``<base>/<skill-name>/SKILL.md`` one level deep. Bases are scanned concurrently and a base
+that fails (permissions, not a directory, broken symlink) becomes a :class:`SkillError` while
+the others still load. The first skill seen under a name wins; later ones are ``shadowed``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import anyio
+import anyio.to_thread
+
+from qwenctxd.config.schema import SkillsSettings
+from qwenctxd.skills.model import LEVELS, BaseDir, Level, Skill, SkillError, SkillSet
+from qwenctxd.skills.parse import parse_skill
+
+BUNDLED_DIR = Path(__file__).parent / "bundled"
+PROVIDER_DIRS = (".qwen", ".agents")
+SKILL_FILE = "SKILL.md"
+# Left behind by an interrupted install/update: ``<name>.backup-<pid>-<ts>`` and
+# ``<name>.installing-<pid>-<ts>``. Loading them would shadow or duplicate the real skill.
+_ARTIFACT_RE = re.compile(r"\.(?:backup|installing)-\d+-\d+$")
+_SKIP_NAMES = frozenset({".git"})
+
+
+def _same(a: Path, b: Path) -> bool:
+    try:
+        return os.path.realpath(a) == os.path.realpath(b)
+    except OSError:  # pragma: no cover - realpath does not raise on Linux
+        return os.path.abspath(a) == os.path.abspath(b)
+
+
+def base_dirs(
+    project_root: Path | None,
+    *,
+    home: Path,
+    settings: SkillsSettings,
+    cwd: Path,
+    extension_dirs: Sequence[Path] = (),
+    qwen_dir: Path | None = None,
+) -> list[BaseDir]:
+    """The directories to scan, most important first (``qwen_dir`` defaults to ``home/.qwen``).
+
+    Levels named in ``skills.disabledLevels`` (any case) are left out entirely.
+    """
+    off = {lvl.strip().lower() for lvl in settings.disabled_levels}
+    qdir = qwen_dir if qwen_dir is not None else home / ".qwen"
+    wanted: list[tuple[Level, Path]] = []
+    if project_root is not None and not _same(project_root, home):
+        wanted += [("project", project_root / d / "skills") for d in PROVIDER_DIRS]
+    wanted.append(("user", qdir / "skills"))
+    wanted.append(("user", home / ".agents" / "skills"))
+    for raw in settings.directories:
+        if not raw or not raw.strip():
+            continue
+        p = Path(os.path.expanduser(raw.strip())) if raw.startswith("~") else Path(raw.strip())
+        if raw.strip().startswith("~/") or raw.strip() == "~":
+            p = home / raw.strip()[2:] if raw.strip() != "~" else home
+        if not p.is_absolute():
+            p = cwd / p
+        wanted.append(("user", Path(os.path.normpath(p))))
+    wanted += [("extension", Path(d)) for d in extension_dirs]
+    wanted.append(("bundled", BUNDLED_DIR))
+
+    out: list[BaseDir] = []
+    seen: set[str] = set()
+    for level, path in wanted:
+        if level in off:
+            continue
+        real = os.path.realpath(path)
+        if real in seen:
+            continue
+        seen.add(real)
+        out.append(BaseDir(level=level, path=path, exists=os.path.isdir(path)))
+    return out
+
+
+def scan_base(base: BaseDir) -> tuple[list[Skill], list[SkillError]]:
+    """Parse every ``<base>/<name>/SKILL.md``; (skills in directory-name order, errors)."""
+    skills: list[Skill] = []
+    errors: list[SkillError] = []
+    try:
+        with os.scandir(base.path) as it:
+            entries = sorted(it, key=lambda e: e.name)
+    except FileNotFoundError:
+        if os.path.islink(base.path):
+            target = os.readlink(base.path)
+            errors.append(SkillError(str(base.path), f"skills directory is a broken symlink to {target}"))
+        return skills, errors
+    except NotADirectoryError:
+        errors.append(SkillError(str(base.path), "skills directory path is not a directory"))
+        return skills, errors
+    except OSError as exc:
+        errors.append(
+            SkillError(str(base.path), f"cannot list skills directory: {exc.strerror or exc}")
+        )
+        return skills, errors
+
+    for entry in entries:
+        name = entry.name
+        if name in _SKIP_NAMES or _ARTIFACT_RE.search(name):
+            continue
+        try:
+            # Symlinked skill directories are followed even when they point outside the base
+            # (seed §6.2): refusing them only protects against someone who can create a symlink
+            # in the user's own skills dir but not a regular file there — an unrealistic threat
+            # for a per-user directory — while it breaks the supported "one checkout of a skills
+            # repo, symlinked into ~/.qwen/skills" workflow. We only require the target to be a
+            # directory.
+            is_dir = entry.is_dir(follow_symlinks=True)
+        except OSError:
+            is_dir = False
+        if not is_dir:
+            if entry.is_symlink() and not os.path.exists(entry.path):
+                errors.append(SkillError(entry.path, "skill symlink points to a missing target"))
+            continue
+        skill_md = Path(entry.path) / SKILL_FILE
+        try:
+            with open(skill_md, "rb") as fh:
+                raw = fh.read()
+        except FileNotFoundError:
+            continue  # a directory without SKILL.md is not a skill (scratch, assets)
+        except OSError as exc:
+            errors.append(SkillError(str(skill_md), f"cannot read SKILL.md: {exc.strerror or exc}"))
+            continue
+        text: str | None = raw.decode("utf-8", errors="replace")
+        if len(raw) > 256 * 1024:
+            text = None  # let parse_skill read it and report the size
+        skill, problems = parse_skill(skill_md, base.level, text=text)
+        errors.extend(problems)
+        if skill is not None:
+            skills.append(skill)
+    return skills, errors
+
+
+def _lower_set(names: Iterable[str]) -> set[str]:
+    return {n.strip().lower() for n in names if isinstance(n, str)}
+
+
+def is_enabled(name: str, settings: SkillsSettings) -> bool:
+    """``skills.disabled`` always wins; ``defaultDisabled`` is off unless also ``enabled``."""
+    low = name.lower()
+    if low in _lower_set(settings.disabled):
+        return False
+    if low in _lower_set(settings.default_disabled):
+        return low in _lower_set(settings.enabled)
+    return True
+
+
+def merge(
+    bases: list[BaseDir],
+    results: list[tuple[list[Skill], list[SkillError]]],
+    settings: SkillsSettings,
+) -> SkillSet:
+    """Combine per-base results (same order as ``bases``) into a :class:`SkillSet`."""
+    out = SkillSet(bases=list(bases))
+    winners: dict[str, Skill] = {}
+    for skills, errors in results:
+        out.errors.extend(errors)
+        for skill in skills:
+            if skill.name in winners:
+                out.shadowed.append(skill)
+            else:
+                winners[skill.name] = skill
+    disabled = _lower_set(settings.disabled)
+    default_off = _lower_set(settings.default_disabled) - _lower_set(settings.enabled)
+    for name in sorted(winners):
+        low = name.lower()
+        if low in disabled or low in default_off:
+            out.disabled.append(winners[name])
+        else:
+            out.skills[name] = winners[name]
+    return out
+
+
+async def aload_skills(bases: list[BaseDir], *, settings: SkillsSettings) -> SkillSet:
+    """Scan all bases concurrently in worker threads and merge them (the main entry)."""
+    results: list[tuple[list[Skill], list[SkillError]]] = [([], []) for _ in bases]
+
+    async def one(i: int, base: BaseDir) -> None:
+        results[i] = await anyio.to_thread.run_sync(_safe_scan, base)
+
+    async with anyio.create_task_group() as tg:
+        for i, base in enumerate(bases):
+            tg.start_soon(one, i, base)
+    return merge(bases, results, settings)
+
+
+def load_skills(bases: list[BaseDir], *, settings: SkillsSettings) -> SkillSet:
+    """Synchronous :func:`aload_skills` (a thread pool; safe to call inside or outside a loop)."""
+    if len(bases) <= 1:
+        return merge(bases, [_safe_scan(b) for b in bases], settings)
+    with ThreadPoolExecutor(max_workers=min(len(bases), 8)) as pool:
+        results = list(pool.map(_safe_scan, bases))
+    return merge(bases, results, settings)
+
+
+def _safe_scan(base: BaseDir) -> tuple[list[Skill], list[SkillError]]:
+    """:func:`scan_base` with any unexpected failure confined to that base."""
+    try:
+        return scan_base(base)
+    except Exception as exc:  # one broken level must not take the others down
+        return [], [SkillError(str(base.path), f"skills directory failed to load: {exc!r}")]
+
+
+def level_rank(level: Level) -> int:
+    """0 for project … 3 for bundled (lower is more important)."""
+    return LEVELS.index(level)
