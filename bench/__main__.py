@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-ALL = ["ping", "instructions"]
+ALL = ["ping", "instructions", "sessions"]
 
 
 def main(argv: list[str]) -> int:

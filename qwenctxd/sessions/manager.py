@@ -37,6 +37,7 @@ from qwenctxd.tasks import TaskRegistry
 log = structlog.get_logger("qwenctxd.sessions")
 DEFAULT_WINDOW = 131_072
 PROJECT_SUMMARY_NAME = "PROJECT_SUMMARY.md"
+FSYNC_INTERVAL_S = 1.0
 
 
 def iso(ts: float) -> str:
@@ -127,7 +128,9 @@ class SessionManager:
         s = Session(
             id=session_id, cwd=cwd, project_root=root, model=p.model, window_tokens=window,
             pct=pct, tools=list(p.tools or []), env=env, path=path,
-            writer=records.JsonlWriter(path),
+            # fsync happens in a background job (at most once a second), never on the turn path;
+            # close() still fsyncs
+            writer=records.JsonlWriter(path, fsync="interval", fsync_interval=float("inf")),
             image_tokens=int(self._environ.get("QWEN_IMAGE_TOKEN_ESTIMATE", 0))
             or settings.model.chat_compression.image_token_estimate,
         )
@@ -277,6 +280,20 @@ class SessionManager:
             s.writer.append(rec)
         except OSError as exc:
             log.error("session record write failed", session=s.id, error=exc.strerror)
+            return
+        now = time.monotonic()
+        if now - s.last_flush >= FSYNC_INTERVAL_S and self.tasks.accepting:
+            s.last_flush = now
+            writer = s.writer
+            self.tasks.submit("jsonl-flush", lambda: anyio.to_thread.run_sync(_fsync, writer),
+                              key=f"jsonl-flush:{s.id}", project=str(s.cwd))
+
+
+def _fsync(writer: records.JsonlWriter) -> None:
+    try:
+        writer.sync()
+    except (OSError, ValueError):  # closed meanwhile: close() fsynced it
+        pass
 
 
 def _parse_iso(value: str | None) -> float | None:

@@ -16,6 +16,7 @@ from typing import Any
 import anyio
 
 from qwenctxd.compaction.estimate import message_tokens
+from qwenctxd.compaction.micro import tool_result_chars
 from qwenctxd.compaction.thresholds import Breaker
 from qwenctxd.sessions.records import JsonlWriter
 from qwenctxd.tokens import estimate_tokens
@@ -59,18 +60,31 @@ class Session:
     memory_written_this_turn: bool = False
     prompt_tokens: int = 0  # the figure of the last assembled prompt
     title: str | None = None
+    ext_count: int = 0  # messages carrying our extension fields (stripped on the wire)
+    tool_chars: int = 0  # running total of tool-result characters (size trigger)
+    last_flush: float = 0.0
 
     # -- history -------------------------------------------------------------------------------
     def append(self, msg: Message) -> None:
         self.messages.append(msg)
         self.msg_tokens.append(message_tokens(msg, image_tokens=self.image_tokens))
+        self._count(msg, 1)
         self.updated_at = time.time()
+
+    def _count(self, msg: Message, sign: int) -> None:
+        if "is_error" in msg:
+            self.ext_count += sign
+        if msg.get("role") == "tool":
+            self.tool_chars += sign * tool_result_chars([msg])
 
     def replace_history(self, messages: list[Message], *, keep_anchor_delta: int | None = None) -> None:
         """Swap the history (compaction). ``keep_anchor_delta``: keep the API anchor, shifted
         down by that many tokens (micro-compaction keeps positions); else drop it."""
         self.messages = list(messages)
         self.msg_tokens = [message_tokens(m, image_tokens=self.image_tokens) for m in self.messages]
+        self.ext_count = self.tool_chars = 0
+        for m in self.messages:
+            self._count(m, 1)
         if keep_anchor_delta is not None and self.anchor is not None:
             self.anchor = Anchor(
                 total=max(0, self.anchor.total - keep_anchor_delta),

@@ -28,7 +28,7 @@ from qwenctxd.sessions.state import Session, system_tokens
 
 log = structlog.get_logger("qwenctxd.turns")
 NOT_EXECUTED = "[Tool call not executed: the user sent a new message before it ran]"
-EXTENSION_FIELDS = ("is_error",)
+EXTENSION_FIELDS = ("is_error",)  # kept in history for micro-compaction, never sent
 
 
 class TurnPipeline:
@@ -151,7 +151,7 @@ class TurnPipeline:
 
     async def _maybe_micro(self, s: Session, events: list[dict[str, Any]], sys_tok: int) -> None:
         idle = self._settings(s).context.clear_context_on_idle
-        tool_chars = micro.tool_result_chars(s.messages)
+        tool_chars = s.tool_chars
         trigger = micro.should_micro_compact(
             now=time.time(), last_model_reply_at=s.last_model_reply_at,
             idle_minutes=idle.tool_results_threshold_minutes, tool_chars=tool_chars,
@@ -279,7 +279,8 @@ class TurnPipeline:
                 self._prefix.clear()
             self._prefix[key] = phash
         self.m.schedule_index_touch(s)
-        return wire.AssembledPrompt(system=system, messages=wire_messages(s.messages),
+        return wire.AssembledPrompt(system=system, messages=wire_messages(s.messages) if s.ext_count
+                                    else list(s.messages),
                                     tools=s.tools, reminders=reminders, usage=usage,
                                     events=events, prefix_hash=phash, session_id=s.id)
 
@@ -328,7 +329,7 @@ def wire_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The history as POSTed: our extension fields removed (only those messages are copied)."""
     out = []
     for m in messages:
-        if any(k in m for k in EXTENSION_FIELDS):
+        if "is_error" in m:
             m = {k: v for k, v in m.items() if k not in EXTENSION_FIELDS}
         out.append(m)
     return out

@@ -28,7 +28,7 @@ import anyio.to_thread
 
 from qwenctxd.config.schema import SkillsSettings
 from qwenctxd.skills.model import LEVELS, BaseDir, Level, Skill, SkillError, SkillSet
-from qwenctxd.skills.parse import parse_skill
+from qwenctxd.skills.parse import MAX_SKILL_BYTES, OVERSIZE_MESSAGE, parse_skill
 
 BUNDLED_DIR = Path(__file__).parent / "bundled"
 PROVIDER_DIRS = (".qwen", ".agents")
@@ -67,11 +67,13 @@ def base_dirs(
     wanted.append(("user", qdir / "skills"))
     wanted.append(("user", home / ".agents" / "skills"))
     for raw in settings.directories:
-        if not raw or not raw.strip():
+        s = raw.strip() if isinstance(raw, str) else ""
+        if not s:
             continue
-        p = Path(os.path.expanduser(raw.strip())) if raw.startswith("~") else Path(raw.strip())
-        if raw.strip().startswith("~/") or raw.strip() == "~":
-            p = home / raw.strip()[2:] if raw.strip() != "~" else home
+        if s == "~" or s.startswith("~/"):
+            p = home / s[2:]
+        else:
+            p = Path(os.path.expanduser(s))  # "~other/..." or a plain path
         if not p.is_absolute():
             p = cwd / p
         wanted.append(("user", Path(os.path.normpath(p))))
@@ -101,7 +103,9 @@ def scan_base(base: BaseDir) -> tuple[list[Skill], list[SkillError]]:
     except FileNotFoundError:
         if os.path.islink(base.path):
             target = os.readlink(base.path)
-            errors.append(SkillError(str(base.path), f"skills directory is a broken symlink to {target}"))
+            errors.append(
+                SkillError(str(base.path), f"skills directory is a broken symlink to {target}")
+            )
         return skills, errors
     except NotADirectoryError:
         errors.append(SkillError(str(base.path), "skills directory path is not a directory"))
@@ -133,15 +137,16 @@ def scan_base(base: BaseDir) -> tuple[list[Skill], list[SkillError]]:
         skill_md = Path(entry.path) / SKILL_FILE
         try:
             with open(skill_md, "rb") as fh:
-                raw = fh.read()
+                raw = fh.read(MAX_SKILL_BYTES + 1)
         except FileNotFoundError:
             continue  # a directory without SKILL.md is not a skill (scratch, assets)
         except OSError as exc:
             errors.append(SkillError(str(skill_md), f"cannot read SKILL.md: {exc.strerror or exc}"))
             continue
-        text: str | None = raw.decode("utf-8", errors="replace")
-        if len(raw) > 256 * 1024:
-            text = None  # let parse_skill read it and report the size
+        if len(raw) > MAX_SKILL_BYTES:
+            errors.append(SkillError(str(skill_md), OVERSIZE_MESSAGE))
+            continue
+        text = raw.decode("utf-8", errors="replace")
         skill, problems = parse_skill(skill_md, base.level, text=text)
         errors.extend(problems)
         if skill is not None:

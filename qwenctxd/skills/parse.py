@@ -29,6 +29,7 @@ from qwenctxd.instructions.rules import compile_patterns
 from qwenctxd.skills.model import Level, Skill, SkillError
 
 MAX_SKILL_BYTES = 256 * 1024
+OVERSIZE_MESSAGE = f"SKILL.md is larger than {MAX_SKILL_BYTES // 1024} KiB; not loaded"
 MAX_NAME_LEN = 64
 NAME_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
 _TRUE = {"true", "yes", "on"}
@@ -85,7 +86,7 @@ def read_skill_text(path: Path) -> tuple[str | None, list[SkillError]]:
     except OSError as exc:
         return None, [SkillError(key, f"cannot read SKILL.md: {exc.strerror or exc}")]
     if len(raw) > MAX_SKILL_BYTES:
-        return None, [SkillError(key, f"SKILL.md is larger than {MAX_SKILL_BYTES // 1024} KiB")]
+        return None, [SkillError(key, OVERSIZE_MESSAGE)]
     return raw.decode("utf-8", errors="replace"), []
 
 
@@ -100,9 +101,7 @@ def parse_skill(
             if text is None:
                 return None, errors
         elif len(text.encode("utf-8", errors="replace")) > MAX_SKILL_BYTES:
-            return None, [
-                SkillError(key, f"SKILL.md is larger than {MAX_SKILL_BYTES // 1024} KiB")
-            ]
+            return None, [SkillError(key, OVERSIZE_MESSAGE)]
         return _parse_text(path, level, text)
     except Exception as exc:  # pragma: no cover - defensive: one bad file must not abort a scan
         return None, [SkillError(key, f"unexpected error while parsing: {exc!r}")]
