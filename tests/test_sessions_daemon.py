@@ -31,7 +31,7 @@ def agent_handler(body: dict[str, Any]) -> Reply:
     last = body["messages"][-1]
     n = len(body["messages"])
     usage = {"prompt_tokens": len(json.dumps(body["messages"])) // 4, "completion_tokens": 20}
-    if last["role"] == "user" and "tool" not in str(last.get("content")):
+    if last["role"] == "user":
         return Reply(tool_calls=[{"id": f"call_{n}", "function": {
             "name": "read_file", "arguments": json.dumps({"file_path": "/tmp/x.py"})}}],
             usage=usage)

@@ -35,6 +35,7 @@ from qwenctxd.server.dispatch import Dispatcher
 from qwenctxd.server.lock import PidLock
 from qwenctxd.sessions.manager import SessionManager
 from qwenctxd.sessions.turns import TurnPipeline
+from qwenctxd.skills.service import SkillsService
 from qwenctxd.tasks import TaskRecord, TaskRegistry
 from qwenctxd.watch import WatchHub
 
@@ -67,9 +68,12 @@ class Daemon:
             config, self.hub, self.tasks, on_rebuild=lambda: self.bump("instructions_rebuilds")
         )
         self.status_contributors.append(self._projects_status)
+        self.skills = SkillsService(config, self.hub, self.tasks, self.bus,
+                                    on_refresh=lambda: self.bump("skills_refreshes"))
         self.sessions = SessionManager(
             config=config, instructions=self.instructions, model=lambda: self.model,
             tasks=self.tasks, bus=self.bus, index_path=state_dir() / "sessions.sqlite",
+            skills=self.skills,
         )
         self.turns = TurnPipeline(self.sessions)
         self.status_contributors.append(self._sessions_status)
@@ -284,6 +288,16 @@ class Daemon:
                 entry = wire.ProjectSummary(root=str(root))
                 st.projects.append(entry)
                 known[entry.root] = entry
+            entry.watchers += watched
+        for root, count, watched in self.skills.projects():
+            if root is None:
+                continue
+            entry = known.get(str(root))
+            if entry is None:
+                entry = wire.ProjectSummary(root=str(root))
+                st.projects.append(entry)
+                known[entry.root] = entry
+            entry.skills = count
             entry.watchers += watched
 
     def status(self) -> wire.StatusResult:

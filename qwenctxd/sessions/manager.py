@@ -32,6 +32,8 @@ from qwenctxd.protocol import session as wire
 from qwenctxd.sessions import records
 from qwenctxd.sessions.index import SessionIndex
 from qwenctxd.sessions.state import Session
+from qwenctxd.skills.listing import SKILL_TOOL
+from qwenctxd.skills.service import SkillsService
 from qwenctxd.tasks import TaskRegistry
 
 log = structlog.get_logger("qwenctxd.sessions")
@@ -54,6 +56,7 @@ class SessionManager:
         tasks: TaskRegistry,
         bus: EventBus,
         index_path: Path,
+        skills: SkillsService | None = None,
         environ: Mapping[str, str] | None = None,
     ) -> None:
         self.config = config
@@ -63,6 +66,7 @@ class SessionManager:
         self.bus = bus
         self.index = SessionIndex(index_path)
         self.sessions: dict[str, Session] = {}
+        self.skills: SkillsService | None = skills
         self._environ = environ if environ is not None else os.environ
 
     @property
@@ -127,7 +131,7 @@ class SessionManager:
         env = dict(p.env or {})
         s = Session(
             id=session_id, cwd=cwd, project_root=root, model=p.model, window_tokens=window,
-            pct=pct, tools=list(p.tools or []), env=env, path=path,
+            pct=pct, tools=with_skill_tool(p.tools or []), env=env, path=path,
             # fsync happens in a background job (at most once a second), never on the turn path;
             # close() still fsyncs
             writer=records.JsonlWriter(path, fsync="interval", fsync_interval=float("inf")),
@@ -287,6 +291,12 @@ class SessionManager:
             writer = s.writer
             self.tasks.submit("jsonl-flush", lambda: anyio.to_thread.run_sync(_fsync, writer),
                               key=f"jsonl-flush:{s.id}", project=str(s.cwd))
+
+
+def with_skill_tool(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The client's tools plus the constant Skill tool (unless the client declares one)."""
+    names = {(t.get("function") or {}).get("name") for t in tools}
+    return list(tools) if "Skill" in names else [*tools, SKILL_TOOL]
 
 
 def _fsync(writer: records.JsonlWriter) -> None:

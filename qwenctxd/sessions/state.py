@@ -63,6 +63,14 @@ class Session:
     ext_count: int = 0  # messages carrying our extension fields (stripped on the wire)
     tool_chars: int = 0  # running total of tool-result characters (size trigger)
     last_flush: float = 0.0
+    # skills: names already announced to the model (None: the snapshot is still due), the
+    # conditional skills active in this session, the paths touched so far (to re-match after a
+    # refresh resets activation), the skill-set generation seen, and the skills loaded
+    skills_delivered: set[str] | None = None
+    skills_activated: set[str] = field(default_factory=set)
+    touched: dict[str, None] = field(default_factory=dict)
+    skills_generation: int = 0
+    skills_used: set[str] = field(default_factory=set)
 
     # -- history -------------------------------------------------------------------------------
     def append(self, msg: Message) -> None:

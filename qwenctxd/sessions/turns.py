@@ -25,9 +25,11 @@ from qwenctxd.protocol import session as wire
 from qwenctxd.protocol.instructions import prefix_hash
 from qwenctxd.sessions.manager import SessionManager
 from qwenctxd.sessions.state import Session, system_tokens
+from qwenctxd.skills import listing
 
 log = structlog.get_logger("qwenctxd.turns")
 NOT_EXECUTED = "[Tool call not executed: the user sent a new message before it ran]"
+MAX_TOUCHED = 2000
 EXTENSION_FIELDS = ("is_error",)  # kept in history for micro-compaction, never sent
 
 
@@ -43,6 +45,7 @@ class TurnPipeline:
             events: list[dict[str, Any]] = []
             reminders: list[wire.Reminder] = []
             new_msgs = self._incoming(s, p, events)
+            reminders.extend(await self._skill_reminders(s, p.touched_paths or []))
             reminders.extend(await self._rule_reminders(s, p.touched_paths or []))
             self._attach_reminders(s, p.kind, new_msgs, reminders)
             for msg in new_msgs:
@@ -130,6 +133,42 @@ class TurnPipeline:
                                              text=rule_reminder(rule.path, root, rule.body)))
                     break
         return out
+
+    async def _skill_reminders(self, s: Session, touched: list[str]) -> list[wire.Reminder]:
+        skills = self.m.skills
+        if skills is None:
+            return []
+        ss, generation = await skills.skillset(s.project_root, s.cwd)
+        root = s.project_root or s.cwd
+        fresh = []
+        for raw in touched:
+            rel = relative_to_root(raw if raw.startswith("/") else s.cwd / raw, root)
+            if rel is not None and rel not in s.touched:
+                fresh.append(rel)
+                s.touched[rel] = None
+                if len(s.touched) > MAX_TOUCHED:
+                    s.touched.pop(next(iter(s.touched)))
+        candidates = fresh
+        if generation != s.skills_generation:  # a refresh resets activation: re-match
+            s.skills_generation = generation
+            s.skills_activated = set()
+            candidates = list(s.touched)
+        for skill in ss.skills.values():
+            if skill.conditional and skill.name not in s.skills_activated and any(
+                    skill.matches(rel) for rel in candidates):
+                s.skills_activated.add(skill.name)
+        shown = listing.visible(ss, s.skills_activated)
+        names = {k.name for k in shown}
+        if s.skills_delivered is None:
+            text, _rendered = listing.render_snapshot(shown)
+            s.skills_delivered = names  # left-out ones stay listed by skills.list, not re-sent
+            return [wire.Reminder(kind="skills", text=text)]
+        added = [k for k in shown if k.name not in s.skills_delivered]
+        removed = sorted(s.skills_delivered - names)
+        s.skills_delivered = names
+        text = listing.render_delta([k for k in added if not k.conditional], removed,
+                                    [k for k in added if k.conditional])
+        return [wire.Reminder(kind="skills_delta", text=text)] if text else []
 
     @staticmethod
     def _attach_reminders(s: Session, kind: str, new_msgs: list[dict[str, Any]],

@@ -10,15 +10,17 @@ Levels × provider directories (reference/qwen-code-facts.md §4.1):
 - bundled: :data:`BUNDLED_DIR`, shipped inside the package.
 
 The same directory is scanned once (first position wins). Each base holds
-``<base>/<skill-name>/SKILL.md`` one level deep. Bases are scanned concurrently and a base
-that fails (permissions, not a directory, broken symlink) becomes a :class:`SkillError` while
-the others still load. The first skill seen under a name wins; later ones are ``shadowed``.
+``<base>/<skill-name>/SKILL.md`` one level deep. Bases are listed and read concurrently (one
+worker per base), then parsed in one worker with a content-keyed cache; a base that fails
+(permissions, not a directory, broken symlink) becomes a :class:`SkillError` while the others
+still load. The first skill seen under a name wins; later ones are ``shadowed``.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import threading
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -93,9 +95,13 @@ def base_dirs(
     return out
 
 
-def scan_base(base: BaseDir) -> tuple[list[Skill], list[SkillError]]:
-    """Parse every ``<base>/<name>/SKILL.md``; (skills in directory-name order, errors)."""
-    skills: list[Skill] = []
+# A read base: (SKILL.md path, text) in directory-name order, plus the problems found.
+BaseRead = tuple[list[tuple[Path, str]], list[SkillError]]
+
+
+def read_base(base: BaseDir) -> BaseRead:
+    """List ``<base>/<name>/SKILL.md`` one level deep and read each file (I/O only)."""
+    files: list[tuple[Path, str]] = []
     errors: list[SkillError] = []
     try:
         with os.scandir(base.path) as it:
@@ -106,15 +112,15 @@ def scan_base(base: BaseDir) -> tuple[list[Skill], list[SkillError]]:
             errors.append(
                 SkillError(str(base.path), f"skills directory is a broken symlink to {target}")
             )
-        return skills, errors
+        return files, errors
     except NotADirectoryError:
         errors.append(SkillError(str(base.path), "skills directory path is not a directory"))
-        return skills, errors
+        return files, errors
     except OSError as exc:
         errors.append(
             SkillError(str(base.path), f"cannot list skills directory: {exc.strerror or exc}")
         )
-        return skills, errors
+        return files, errors
 
     for entry in entries:
         name = entry.name
@@ -146,12 +152,50 @@ def scan_base(base: BaseDir) -> tuple[list[Skill], list[SkillError]]:
         if len(raw) > MAX_SKILL_BYTES:
             errors.append(SkillError(str(skill_md), OVERSIZE_MESSAGE))
             continue
-        text = raw.decode("utf-8", errors="replace")
-        skill, problems = parse_skill(skill_md, base.level, text=text)
+        files.append((skill_md, raw.decode("utf-8", errors="replace")))
+    return files, errors
+
+
+# Parsing is pure in (path, level, text), so results are reused across refreshes: a watch
+# event that changed one SKILL.md re-parses one file, not all of them. Bounded; Skill is
+# immutable, so sharing cached instances is safe.
+_PARSE_CACHE: dict[tuple[str, str, str], tuple[Skill | None, tuple[SkillError, ...]]] = {}
+_PARSE_CACHE_MAX = 4096
+
+
+def _parse_cached(path: Path, level: Level, text: str) -> tuple[Skill | None, list[SkillError]]:
+    key = (str(path), level, text)
+    hit = _PARSE_CACHE.get(key)
+    if hit is None:
+        skill, errors = parse_skill(path, level, text=text)
+        hit = (skill, tuple(errors))
+        if len(_PARSE_CACHE) >= _PARSE_CACHE_MAX:
+            _PARSE_CACHE.clear()
+        _PARSE_CACHE[key] = hit
+    return hit[0], [SkillError(e.path, e.message) for e in hit[1]]
+
+
+def clear_parse_cache() -> None:
+    """Forget cached parse results (tests and benchmarks measuring a cold parse)."""
+    _PARSE_CACHE.clear()
+
+
+def parse_base(base: BaseDir, read: BaseRead) -> tuple[list[Skill], list[SkillError]]:
+    """Parse what :func:`read_base` returned; (skills in directory-name order, errors)."""
+    files, read_errors = read
+    skills: list[Skill] = []
+    errors = list(read_errors)
+    for path, text in files:
+        skill, problems = _parse_cached(path, base.level, text)
         errors.extend(problems)
         if skill is not None:
             skills.append(skill)
     return skills, errors
+
+
+def scan_base(base: BaseDir) -> tuple[list[Skill], list[SkillError]]:
+    """Read and parse one base (see :func:`read_base`, :func:`parse_base`)."""
+    return parse_base(base, read_base(base))
 
 
 def _lower_set(names: Iterable[str]) -> set[str]:
@@ -195,33 +239,58 @@ def merge(
 
 
 async def aload_skills(bases: list[BaseDir], *, settings: SkillsSettings) -> SkillSet:
-    """Scan all bases concurrently in worker threads and merge them (the main entry)."""
-    results: list[tuple[list[Skill], list[SkillError]]] = [([], []) for _ in bases]
+    """Load all bases and merge them (the main entry).
+
+    Directory listing and file reads run concurrently, one worker thread per base, so a slow
+    or hung filesystem under one level does not hold up the others' I/O. Parsing (CPU-bound,
+    GIL-held YAML) then runs in a single worker: spreading it over threads only adds lock
+    contention. The event loop never parses.
+    """
+    reads: list[BaseRead] = [([], []) for _ in bases]
 
     async def one(i: int, base: BaseDir) -> None:
-        results[i] = await anyio.to_thread.run_sync(_safe_scan, base)
+        reads[i] = await anyio.to_thread.run_sync(_safe_read, base)
 
     async with anyio.create_task_group() as tg:
         for i, base in enumerate(bases):
             tg.start_soon(one, i, base)
-    return merge(bases, results, settings)
+    return await anyio.to_thread.run_sync(_parse_and_merge, bases, reads, settings)
 
 
 def load_skills(bases: list[BaseDir], *, settings: SkillsSettings) -> SkillSet:
-    """Synchronous :func:`aload_skills` (a thread pool; safe to call inside or outside a loop)."""
+    """Synchronous :func:`aload_skills` (a thread pool for the reads; parses in this thread)."""
     if len(bases) <= 1:
-        return merge(bases, [_safe_scan(b) for b in bases], settings)
-    with ThreadPoolExecutor(max_workers=min(len(bases), 8)) as pool:
-        results = list(pool.map(_safe_scan, bases))
-    return merge(bases, results, settings)
+        reads = [_safe_read(b) for b in bases]
+    else:
+        reads = list(_pool().map(_safe_read, bases))
+    return _parse_and_merge(bases, reads, settings)
 
 
-def _safe_scan(base: BaseDir) -> tuple[list[Skill], list[SkillError]]:
-    """:func:`scan_base` with any unexpected failure confined to that base."""
+_POOL: ThreadPoolExecutor | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def _pool() -> ThreadPoolExecutor:
+    """A lazily created, reused pool: starting threads per call cost more than the reads."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            _POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="skills-read")
+        return _POOL
+
+
+def _safe_read(base: BaseDir) -> BaseRead:
+    """:func:`read_base` with any unexpected failure confined to that base."""
     try:
-        return scan_base(base)
+        return read_base(base)
     except Exception as exc:  # one broken level must not take the others down
         return [], [SkillError(str(base.path), f"skills directory failed to load: {exc!r}")]
+
+
+def _parse_and_merge(
+    bases: list[BaseDir], reads: list[BaseRead], settings: SkillsSettings
+) -> SkillSet:
+    return merge(bases, [parse_base(b, r) for b, r in zip(bases, reads, strict=True)], settings)
 
 
 def level_rank(level: Level) -> int:

@@ -38,6 +38,8 @@ _FALSE = {"false", "no", "off"}
 
 def validate_name(name: object) -> str | None:
     """None when ``name`` is a valid skill name, else the reason it is not."""
+    if isinstance(name, bool | int | float):
+        return f"name must be a string, not {type(name).__name__} (quote it in the YAML)"
     if not isinstance(name, str):
         return f"name must be a string, not {type(name).__name__}"
     if not name:

@@ -10,11 +10,17 @@ if TYPE_CHECKING:
 
 
 def register_all(daemon: Daemon) -> None:
-    from qwenctxd.server.methods import daemon_methods, instructions_methods, session_methods
+    from qwenctxd.server.methods import (
+        daemon_methods,
+        instructions_methods,
+        session_methods,
+        skills_methods,
+    )
 
     daemon_methods.register(daemon)
     instructions_methods.register(daemon)
     session_methods.register(daemon)
+    skills_methods.register(daemon)
     if os.environ.get("QWENCTXD_DEBUG_METHODS") == "1":
         from qwenctxd.server.methods import debug_methods
 

@@ -1,0 +1,60 @@
+"""Handlers of ``skills.list`` and ``skills.load``."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from qwenctxd.protocol import errors
+from qwenctxd.protocol import skills as wire
+from qwenctxd.server.dispatch import MethodSpec
+from qwenctxd.server.methods.instructions_methods import checked_cwd
+from qwenctxd.skills import listing
+from qwenctxd.skills.model import Skill
+
+if TYPE_CHECKING:
+    from qwenctxd.server.app import Daemon
+    from qwenctxd.server.connection import Connection
+
+
+def _info(k: Skill, active: bool) -> wire.SkillInfo:
+    return wire.SkillInfo(name=k.name, description=k.description, level=k.level,
+                          path=str(k.path), conditional=k.conditional, active=active,
+                          paths=list(k.paths), model_invocable=not k.disable_model_invocation)
+
+
+def register(daemon: Daemon) -> None:
+    service = daemon.skills
+
+    def session_for(session_id: str | None):  # type: ignore[no-untyped-def]
+        return daemon.sessions.get(session_id) if session_id else None
+
+    async def list_(ctx: Connection, p: wire.ListParams) -> wire.ListResult:
+        cwd = checked_cwd(p.cwd)
+        session = session_for(p.session_id)
+        root = daemon.instructions.project_root(cwd)
+        ss, _gen = await service.skillset(root, cwd)
+        activated = session.skills_activated if session is not None else set()
+        return wire.ListResult(
+            skills=[_info(k, (not k.conditional) or k.name in activated)
+                    for k in ss.skills.values()],
+            errors=[wire.SkillError(path=e.path, message=e.message) for e in ss.errors],
+            shadowed=[_info(k, False) for k in ss.shadowed],
+        )
+
+    async def load(ctx: Connection, p: wire.LoadParams) -> wire.LoadResult:
+        cwd = checked_cwd(p.cwd)
+        session = session_for(p.session_id)
+        root = daemon.instructions.project_root(cwd)
+        ss, _gen = await service.skillset(root, cwd)
+        skill = ss.skills.get(p.name)
+        if skill is None:
+            known = ", ".join(sorted(ss.skills)) or "none"
+            raise errors.InvalidParams(f"no skill named {p.name!r} (known: {known})",
+                                       data={"field": "name", "message": "unknown skill"})
+        if session is not None:
+            session.skills_used.add(skill.name)
+        return wire.LoadResult(name=skill.name, base_dir=str(skill.base_dir),
+                               content=listing.load_text(skill))
+
+    daemon.dispatcher.register(MethodSpec("skills.list", wire.ListParams, list_))
+    daemon.dispatcher.register(MethodSpec("skills.load", wire.LoadParams, load))

@@ -1,0 +1,226 @@
+"""SkillsService: per-project skill sets kept fresh by depth-2 watches.
+
+For each project (and the user level) the service loads the skill set once and watches, with
+non-recursive watches on an explicit list, every base dir and every ``<base>/<skill>`` dir —
+depth 2, nothing deeper, so a ``node_modules`` inside a skill costs no kernel watch and no
+refresh. Relevant events (an entry appearing or vanishing in a base dir, a SKILL.md changing
+in a skill dir; never ``.git`` or artifacts) start a debounced (150 ms) refresh that reloads
+all levels concurrently, bumps the refresh counter, re-syncs the watched set and publishes
+``skills/changed``. Refreshes coalesce: one runs and one waits per project.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import structlog
+
+from qwenctxd.config import ConfigStore
+from qwenctxd.config.schema import Settings
+from qwenctxd.events import EventBus
+from qwenctxd.skills import levels
+from qwenctxd.skills.model import SkillSet
+from qwenctxd.tasks import TaskRegistry
+from qwenctxd.watch import WatchHub
+
+log = structlog.get_logger("qwenctxd.skills")
+DEBOUNCE_S = 0.15
+IGNORED_NAMES = {".git", ".DS_Store"}
+
+
+@dataclass
+class _Entry:
+    skillset: SkillSet
+    generation: int
+    dirs: set[Path] = field(default_factory=set)
+    bases: set[Path] = field(default_factory=set)
+
+
+class SkillsService:
+    def __init__(
+        self,
+        config: ConfigStore,
+        hub: WatchHub,
+        tasks: TaskRegistry,
+        bus: EventBus,
+        *,
+        environ: Mapping[str, str] | None = None,
+        on_refresh: Callable[[], None] | None = None,
+    ) -> None:
+        self._config = config
+        self._hub = hub
+        self._tasks = tasks
+        self._bus = bus
+        self._environ = environ if environ is not None else os.environ
+        self._on_refresh = on_refresh or (lambda: None)
+        self._entries: dict[Path | None, _Entry] = {}
+        self._locks: dict[Path | None, anyio.Lock] = {}
+        self.refreshes = 0
+        self.generation = 0
+
+    def _home(self) -> Path:
+        return Path(self._environ.get("HOME") or os.path.expanduser("~"))
+
+    def _qwen_dir(self) -> Path:
+        q = self._environ.get("QWEN_HOME")
+        return Path(q).expanduser() if q else self._home() / ".qwen"
+
+    def _settings(self, root: Path | None) -> Settings:
+        return self._config.for_project(root) if root is not None else self._config.global_settings
+
+    def _bases(self, root: Path | None, cwd: Path) -> list[Any]:
+        return levels.base_dirs(root, home=self._home(), settings=self._settings(root).skills,
+                                cwd=cwd, qwen_dir=self._qwen_dir())
+
+    # -- loading --------------------------------------------------------------------------------
+    async def skillset(self, root: Path | None, cwd: Path) -> tuple[SkillSet, int]:
+        """The project's skill set and its generation (bumps on every refresh)."""
+        entry = self._entries.get(root)
+        if entry is not None:
+            return entry.skillset, entry.generation
+        lock = self._locks.setdefault(root, anyio.Lock())
+        async with lock:
+            entry = self._entries.get(root)
+            if entry is None:
+                entry = await self._load(root, cwd)
+            return entry.skillset, entry.generation
+
+    async def _load(self, root: Path | None, cwd: Path) -> _Entry:
+        bases = self._bases(root, cwd)
+        user_skills = self._qwen_dir() / "skills"
+        if not user_skills.exists():  # Qwen Code creates it when watching starts
+            try:
+                await anyio.to_thread.run_sync(lambda: user_skills.mkdir(parents=True,
+                                                                         exist_ok=True))
+            except OSError:
+                pass
+        skillset = await levels.aload_skills(bases, settings=self._settings(root).skills)
+        self.generation += 1
+        entry = _Entry(skillset=skillset, generation=self.generation)
+        watch_dirs: set[Path] = set()
+        for b in bases:
+            if b.level in ("project", "user"):
+                entry.bases.add(b.path)
+                watch_dirs.add(b.path)
+                watch_dirs.update(await anyio.to_thread.run_sync(_skill_dirs, b.path))
+        entry.dirs = watch_dirs
+        self._entries[root] = entry
+        self._watch(root, cwd, entry)
+        prints = await anyio.to_thread.run_sync(_fingerprint, entry.bases)
+        self._verify_after_sync(root, cwd, entry, prints)
+        return entry
+
+    def _verify_after_sync(self, root: Path | None, cwd: Path, entry: _Entry,
+                           prints: dict[str, object]) -> None:
+        """A change made before the watches went live still triggers a refresh."""
+        if not self._tasks.accepting:
+            return
+
+        async def verify() -> None:
+            with anyio.move_on_after(10):
+                await self._hub.wait_synced()
+            now = await anyio.to_thread.run_sync(_fingerprint, entry.bases)
+            if now != prints and self._entries.get(root) is entry:
+                self._schedule_refresh(root, cwd)
+
+        self._tasks.submit("skills-verify", verify, key=f"skills-verify:{root}",
+                           project=str(root) if root else None)
+
+    def _watch(self, root: Path | None, cwd: Path, entry: _Entry) -> None:
+        bases = entry.bases
+
+        async def on_change(changes: set[tuple[Any, str]]) -> None:
+            for _, raw in changes:
+                p = Path(raw)
+                if _relevant(p, bases):
+                    self._schedule_refresh(root, cwd)
+                    return
+
+        self._hub.watch(f"skills:{root}", entry.dirs, on_change)
+
+    def _schedule_refresh(self, root: Path | None, cwd: Path) -> None:
+        if not self._tasks.accepting:
+            return
+
+        async def refresh() -> None:
+            await anyio.sleep(DEBOUNCE_S)
+            async with self._locks.setdefault(root, anyio.Lock()):
+                old = self._entries.get(root)
+                entry = await self._load(root, cwd)
+            self.refreshes += 1
+            self._on_refresh()
+            before = set(old.skillset.skills) if old else set()
+            after = set(entry.skillset.skills)
+            log.info("skills refreshed", root=str(root), skills=len(after),
+                     errors=len(entry.skillset.errors))
+            self._bus.publish("skills/changed", {
+                "root": str(root) if root else None, "generation": entry.generation,
+                "added": sorted(after - before), "removed": sorted(before - after)})
+
+        self._tasks.submit("skills-refresh", refresh, key=f"skills-refresh:{root}",
+                           project=str(root) if root else None)
+
+    def projects(self) -> list[tuple[Path | None, int, int]]:
+        """(root, skills, watched dirs) per loaded project."""
+        return [(r, len(e.skillset.skills), len(e.dirs)) for r, e in self._entries.items()]
+
+
+def _skill_dirs(base: Path) -> set[Path]:
+    """``<base>/<name>`` directories (symlinks to directories followed): depth 2, no deeper."""
+    out: set[Path] = set()
+    try:
+        with os.scandir(base) as it:
+            for entry in it:
+                if entry.name in IGNORED_NAMES or entry.name.startswith("."):
+                    continue
+                try:
+                    if entry.is_dir(follow_symlinks=True):
+                        out.add(Path(entry.path))
+                except OSError:
+                    continue
+    except OSError:
+        pass
+    return out
+
+
+def _fingerprint(bases: set[Path]) -> dict[str, object]:
+    """What a refresh would notice: the entries of each base, and each SKILL.md's stat."""
+    out: dict[str, object] = {}
+    for base in bases:
+        try:
+            names = sorted(os.listdir(base))
+        except OSError:
+            out[str(base)] = None
+            continue
+        out[str(base)] = names
+        for name in names:
+            try:
+                st = os.stat(base / name / "SKILL.md")
+                out[f"{base}/{name}"] = (st.st_mtime_ns, st.st_size)
+            except OSError:
+                out[f"{base}/{name}"] = None
+    return out
+
+
+def _relevant(p: Path, bases: set[Path]) -> bool:
+    """A change that can alter the skill set: an entry in a base dir, or a SKILL.md in a
+    skill dir. Sockets, FIFOs and ``.git`` never count."""
+    if any(part in IGNORED_NAMES for part in p.parts):
+        return False
+    if p.parent in bases:
+        return True
+    if p.name != "SKILL.md" or p.parent.parent not in bases:
+        return False
+    try:
+        mode = os.lstat(p).st_mode
+    except FileNotFoundError:
+        return True  # deleted
+    except OSError:
+        return False
+    return stat.S_ISREG(mode) or stat.S_ISLNK(mode)
