@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from qwenctl import instructions_cmds, render, session_cmds
+from qwenctl import instructions_cmds, render, session_cmds, skills_cmds
 from qwenctl.daemon_link import (
     EXIT_DAEMON_ERROR,
     EXIT_OK,
@@ -135,6 +135,7 @@ COMMANDS: dict[str, Callable[[Ctx], int]] = {
     "prompt": instructions_cmds.cmd_prompt,
     "instructions": instructions_cmds.cmd_instructions,
     "sessions": session_cmds.cmd_sessions,
+    "skills": skills_cmds.cmd_skills,
 }
 
 
@@ -180,6 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
                          help="instruction files, imports, rules and problems for a directory")
     ins.add_argument("--cwd", help="working directory (default: the current one)")
     session_cmds.add_parser(sub, common)
+    skills_cmds.add_parser(sub, common)
     return p
 
 
