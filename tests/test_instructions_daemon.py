@@ -199,7 +199,7 @@ def test_append_and_sections(daemon: SpawnedDaemon) -> None:
     assert r["prefix_hash"] != plain["prefix_hash"]
     assert prompt(daemon, cwd, append="   ")["text"] == plain["text"]  # empty adds nothing
     assert sum(s["chars"] for s in r["sections"]) == len(r["text"])
-    assert [s["name"] for s in r["sections"]][-2:] == ["instructions", "append"]
+    assert [s["name"] for s in r["sections"]][-3:] == ["instructions", "memory", "append"]
 
 
 def test_git_status_section(daemon: SpawnedDaemon) -> None:

@@ -46,6 +46,8 @@ class MemorySettings(_Section):
     auto_skill_confirm: bool = True
     agent_timeout_minutes: Annotated[float, Meta(ge=0)] | None = None
     enable_team_memory: bool = False
+    # how long a user turn may wait for a memory recall already in flight (0: never wait)
+    prefetch_grace_ms: Annotated[int, Meta(ge=0, le=2000)] = 50
 
 
 class SkillsSettings(_Section):

@@ -89,6 +89,8 @@ class InstructionsService:
         self._on_rebuild = on_rebuild or (lambda: None)
         self._extension_paths = extension_paths or (lambda: [])
         self.memory_section: MemorySectionProvider | None = None  # filled by the memory subsystem
+        # what changes when the memory section would (cheap; part of the prompt cache stamp)
+        self.memory_stamp: Callable[[Path | None, Path], object] | None = None
         self._sets: dict[Path, _SetEntry] = {}
         self._epochs: dict[Path, int] = {}
         self._git: dict[Path, _GitEntry] = {}
@@ -282,7 +284,8 @@ class InstructionsService:
             merged.get("QWEN_SYSTEM_MD"), cwd=cwd, home=self._home())
         if sys_md_on and sys_md_path is not None:
             sys_md_print = (sys_md_path, assemble.fingerprint(sys_md_path))
-        stamp = (id(inst), git_epoch, sys_md_print)
+        mem = self.memory_stamp(root, cwd) if self.memory_stamp is not None else None
+        stamp = (id(inst), git_epoch, sys_md_print, mem)
         cached = self._prompts.get(pkey)
         if cached is not None and cached[0] == stamp:
             return cached[1]

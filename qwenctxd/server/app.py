@@ -26,6 +26,7 @@ from qwenctxd.config import ConfigStore
 from qwenctxd.config.schema import Settings
 from qwenctxd.events import EventBus
 from qwenctxd.instructions.service import InstructionsService
+from qwenctxd.memory.service import MemoryService
 from qwenctxd.model import ModelClient
 from qwenctxd.paths import ensure_private_dir, pid_path, state_dir
 from qwenctxd.protocol import daemon as wire
@@ -68,12 +69,17 @@ class Daemon:
             config, self.hub, self.tasks, on_rebuild=lambda: self.bump("instructions_rebuilds")
         )
         self.status_contributors.append(self._projects_status)
+        self.memory = MemoryService(config, self.hub, self.tasks, self.bus,
+                                    model=lambda: self.model,
+                                    project_root=self.instructions.project_root)
+        self.instructions.memory_section = self.memory.prompt_section
+        self.instructions.memory_stamp = self.memory.prompt_stamp
         self.skills = SkillsService(config, self.hub, self.tasks, self.bus,
                                     on_refresh=lambda: self.bump("skills_refreshes"))
         self.sessions = SessionManager(
             config=config, instructions=self.instructions, model=lambda: self.model,
             tasks=self.tasks, bus=self.bus, index_path=state_dir() / "sessions.sqlite",
-            skills=self.skills,
+            skills=self.skills, memory=self.memory,
         )
         self.turns = TurnPipeline(self.sessions)
         self.status_contributors.append(self._sessions_status)
@@ -149,6 +155,8 @@ class Daemon:
                     version=__version__,
                     activated=self.activated_fd is not None,
                 )
+                if self.model.configured:  # the ~1 s openai import, off the first request
+                    tg.start_soon(self._warm_model)
                 # start-up garbage is permanent: keep the collector from rescanning it
                 gc.collect()
                 gc.freeze()
@@ -160,6 +168,7 @@ class Daemon:
                 conns.cancel_scope.cancel()
             with anyio.CancelScope(shield=True):
                 await self.sessions.aclose()
+                await self.memory.aclose()
             tg.cancel_scope.cancel()
         log.info("stopped", pid=os.getpid())
         return 0
@@ -185,6 +194,12 @@ class Daemon:
         self.in_flight_requests -= 1
         if not self.in_flight_requests:
             self._requests_idle.set()
+
+    async def _warm_model(self) -> None:
+        try:
+            await self.model.warm_up()
+        except Exception:
+            log.warning("model warm-up failed", exc_info=True)
 
     async def _handle(self, conn: transport.SocketConnection, peer_uid: int) -> None:
         self.connections += 1
@@ -289,6 +304,13 @@ class Daemon:
                 st.projects.append(entry)
                 known[entry.root] = entry
             entry.watchers += watched
+        for root, docs in self.memory.projects():
+            entry = known.get(str(root))
+            if entry is None:
+                entry = wire.ProjectSummary(root=str(root))
+                st.projects.append(entry)
+                known[entry.root] = entry
+            entry.memory_docs = docs
         for root, count, watched in self.skills.projects():
             if root is None:
                 continue

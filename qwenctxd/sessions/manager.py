@@ -25,6 +25,7 @@ from qwenctxd.compaction import recap as recap_mod
 from qwenctxd.config import ConfigStore
 from qwenctxd.events import EventBus
 from qwenctxd.instructions.service import InstructionsService
+from qwenctxd.memory.service import MemoryService
 from qwenctxd.model import ModelClient
 from qwenctxd.paths import runtime_base_dir
 from qwenctxd.protocol import errors
@@ -57,6 +58,7 @@ class SessionManager:
         bus: EventBus,
         index_path: Path,
         skills: SkillsService | None = None,
+        memory: MemoryService | None = None,
         environ: Mapping[str, str] | None = None,
     ) -> None:
         self.config = config
@@ -67,6 +69,7 @@ class SessionManager:
         self.index = SessionIndex(index_path)
         self.sessions: dict[str, Session] = {}
         self.skills: SkillsService | None = skills
+        self.memory: MemoryService | None = memory
         self._environ = environ if environ is not None else os.environ
 
     @property
@@ -243,6 +246,8 @@ class SessionManager:
 
     async def close(self, session_id: str) -> None:
         s = self.get(session_id)
+        if s.prefetch is not None:
+            self.tasks.cancel(s.prefetch)
         async with s.lock:
             s.writer.close()
             self.sessions.pop(session_id, None)

@@ -71,6 +71,11 @@ class Session:
     touched: dict[str, None] = field(default_factory=dict)
     skills_generation: int = 0
     skills_used: set[str] = field(default_factory=set)
+    # memory prefetch: the recall started by the last user turn, whether it was delivered, and
+    # the memory files already surfaced in this session (not offered again)
+    prefetch: Any = None
+    prefetch_delivered: bool = True
+    surfaced: set[str] = field(default_factory=set)
 
     # -- history -------------------------------------------------------------------------------
     def append(self, msg: Message) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import anyio
 import structlog
 
 from qwenctxd.compaction import hooks as hooks_mod
@@ -45,8 +46,17 @@ class TurnPipeline:
             events: list[dict[str, Any]] = []
             reminders: list[wire.Reminder] = []
             new_msgs = self._incoming(s, p, events)
+            if p.kind == "user" and p.text:
+                self._start_prefetch(s, p.text, p.active_tools or [])
             reminders.extend(await self._skill_reminders(s, p.touched_paths or []))
             reminders.extend(await self._rule_reminders(s, p.touched_paths or []))
+            memory = await self._take_prefetch(s, wait=p.kind == "user")
+            if memory is not None:
+                # the user turn carries it first (unshift); a later tool-results turn at the end
+                if p.kind == "user":
+                    reminders.insert(0, memory)
+                else:
+                    reminders.append(memory)
             self._attach_reminders(s, p.kind, new_msgs, reminders)
             for msg in new_msgs:
                 s.append(msg)
@@ -133,6 +143,42 @@ class TurnPipeline:
                                              text=rule_reminder(rule.path, root, rule.body)))
                     break
         return out
+
+    # -- memory prefetch ---------------------------------------------------------------------------
+    def _start_prefetch(self, s: Session, query: str, active_tools: list[str]) -> None:
+        memory = self.m.memory
+        tasks = self.m.tasks
+        if s.prefetch is not None:
+            tasks.cancel(s.prefetch)  # a newer user turn supersedes the old recall
+            s.prefetch = None
+        if memory is None or not tasks.accepting or not memory.enabled(s.project_root):
+            return
+        exclude = sorted(s.surfaced)
+
+        async def recall() -> Any:
+            return await memory.recall(s.cwd, query, active_tools=active_tools, exclude=exclude)
+
+        s.prefetch = tasks.submit("recall", recall, project=str(s.project_root or s.cwd),
+                                  description=f"memory recall for session {s.id[:8]}")
+        s.prefetch_delivered = False
+
+    async def _take_prefetch(self, s: Session, *, wait: bool) -> wire.Reminder | None:
+        rec = s.prefetch
+        if rec is None or s.prefetch_delivered:
+            return None
+        if wait and rec.outcome is None:
+            grace = self._settings(s).memory.prefetch_grace_ms / 1000
+            with anyio.move_on_after(grace):
+                await rec.done.wait()
+        if rec.outcome is None:
+            return None  # still running: the next tool-results turn takes it
+        s.prefetch_delivered = True
+        result = rec.result
+        if rec.outcome.value != "completed" or result is None or not result.docs:
+            return None
+        s.surfaced.update(str(d.path) for d in result.docs)
+        return wire.Reminder(kind="memory",
+                             text=f"<system-reminder>\n{result.prompt}\n</system-reminder>")
 
     async def _skill_reminders(self, s: Session, touched: list[str]) -> list[wire.Reminder]:
         skills = self.m.skills

@@ -47,6 +47,7 @@ class TaskRecord:
     done: anyio.Event = field(default_factory=anyio.Event)
     scope: anyio.CancelScope | None = None
     result: Any = None
+    cancel_requested: bool = False
 
 
 @dataclass
@@ -134,6 +135,8 @@ class TaskRegistry:
         outcome = TaskOutcome.COMPLETED
         with anyio.CancelScope() as scope:
             rec.scope = scope
+            if rec.cancel_requested:
+                scope.cancel()
             try:
                 rec.result = await fn()
             except anyio.get_cancelled_exc_class():
@@ -212,6 +215,14 @@ class TaskRegistry:
                 await self._idle.wait()
             return True
         return self.pending == 0
+
+    def cancel(self, rec: TaskRecord) -> None:
+        """Cancel one job (running or about to start); a finished one is left alone."""
+        if rec.outcome is not None:
+            return
+        rec.cancel_requested = True
+        if rec.scope is not None:
+            rec.scope.cancel()
 
     def cancel_all(self) -> int:
         """Cancel every running job and drop queued ones; returns how many were affected."""

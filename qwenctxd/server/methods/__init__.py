@@ -13,6 +13,7 @@ def register_all(daemon: Daemon) -> None:
     from qwenctxd.server.methods import (
         daemon_methods,
         instructions_methods,
+        memory_methods,
         session_methods,
         skills_methods,
     )
@@ -21,6 +22,7 @@ def register_all(daemon: Daemon) -> None:
     instructions_methods.register(daemon)
     session_methods.register(daemon)
     skills_methods.register(daemon)
+    memory_methods.register(daemon)
     if os.environ.get("QWENCTXD_DEBUG_METHODS") == "1":
         from qwenctxd.server.methods import debug_methods
 

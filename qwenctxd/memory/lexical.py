@@ -1,0 +1,398 @@
+"""Lexical recall: an SQLite FTS5 (BM25) index of the memory documents, and the seed's scoring.
+
+:class:`LexicalIndex` keeps one SQLite file in step with a set of memory documents
+(:meth:`~LexicalIndex.sync` — insert / update / delete in one transaction, unchanged documents,
+keyed by path and ``(mtime, size)``, are not rewritten) and answers
+:meth:`~LexicalIndex.search` with ONE ``SELECT … MATCH … ORDER BY … LIMIT`` per query.
+
+Layout::
+
+    docs(id INTEGER PRIMARY KEY, path TEXT UNIQUE, scope, type, mtime, size)
+    docs_fts USING fts5(title, description, keywords, body,
+                        tokenize='porter unicode61 remove_diacritics 2')   -- rowid = docs.id
+
+(``id`` is an explicit integer key, not the implicit rowid of a ``path PRIMARY KEY`` table:
+``VACUUM`` may renumber implicit rowids, which would silently detach the FTS rows.)
+
+Chinese (and Japanese, Korean): ``unicode61`` indexes a whole Han run as ONE token, and the
+trigram tokenizer cannot match two-character words (see the reference's FTS5/CJK addendum).
+The index therefore never sees raw CJK runs: every column is stored in its *search form*
+(:func:`~qwenctxd.memory.tokenize.fts_text`: NFKC, lower-case, each CJK run replaced by its
+space-separated code-point bigrams), and a query's CJK tokens are those same bigrams. Putting
+the bigrams in the column they come from (rather than in one extra ``cjk`` column) lets a
+Chinese title match weigh as much as an English one, and splits ``用pytest跑测试`` into
+``用 pytest 跑测 测试`` (``unicode61`` alone would read one token). A one-character CJK query
+token (a one-character run) is a prefix query (``"改"*``) so it meets the bigrams it starts.
+
+Porter stemming is ON: the seed matches tokens as substrings (``deploy`` finds
+``deployment``), and without stemming BM25 would miss every plural and ``-ing`` form, which the
+recall benchmark showed to cost more than stemming's over-matching. Porter leaves non-ASCII
+tokens (the CJK bigrams, accented words) unchanged.
+
+Query: the tokens of :func:`~qwenctxd.memory.tokenize.tokens` minus a short stop-word list
+(kept when nothing else remains), each double-quoted (``"`` doubled) and OR'ed, so user text
+can never inject FTS5 syntax (``OR``, ``NEAR(``, ``*``, ``:``, ``^`` are plain text).
+Score = ``-bm25(docs_fts, 4, 3, 4, 1)`` (title, description, keywords, body — the seed's
++4 / +3 / +4 / +1) plus ``TYPE_BOOST × min(#query tokens in TYPE_KEYWORDS[type], 2)``;
+ties go to the newer document.
+
+:func:`seed_score_search` is the seed's linear scan (the benchmark's baseline): for every
+document, +2 per query token found in it (substring of its title, description, keywords or
+body), +1 when a query token is one of the document type's topic keywords
+(``TYPE_KEYWORDS[type]`` — the "topic keyword table"), +1 for a non-empty body; a document
+without any token hit scores 0 and is dropped; score desc, then mtime desc.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any, NamedTuple, Protocol
+
+import aiosqlite
+import anyio
+import anyio.to_thread
+
+from qwenctxd.memory.tokenize import fts_text, is_cjk, normalize, tokens
+
+SCHEMA_VERSION = 1
+# bm25 column weights: title, description, keywords, body (the seed's +4 / +3 / +4 / +1)
+WEIGHTS = (4.0, 3.0, 4.0, 1.0)
+TYPE_BOOST = 1.0  # per query token that is a topic keyword of the doc's type, at most 2
+OPTIMIZE_AFTER = 1000  # merge the FTS segments after a sync that wrote this many rows
+EMPTY_BODY = "_No entries yet._"
+
+TYPE_KEYWORDS: dict[str, frozenset[str]] = {
+    "user": frozenset({"user", "preference", "preferences", "background", "role", "terse"}),
+    "feedback": frozenset({"feedback", "rule", "rules", "avoid", "style", "summary"}),
+    "project": frozenset({"project", "goal", "goals", "incident", "deadline", "release"}),
+    "reference": frozenset({"reference", "dashboard", "ticket", "docs", "doc", "link"}),
+}
+
+# Function words (≥ 3 letters: shorter ones never become tokens) and the commonest Chinese
+# function bigrams. They match most documents, so they cost the most time and add the least
+# ranking signal; a query made only of them keeps them.
+STOP_WORDS = frozenset(
+    """
+    about above after again against all also and any are aren't because been before being
+    below between both but can cannot could did does doing don down during each few for from
+    further had has have having her here hers herself him himself his how into its itself
+    just let more most mustn myself nor not now off once only other ought our ours ourselves
+    out over own same she should some such than that the their theirs them themselves then
+    there these they this those through too under until upon very was wasn were weren what
+    when where which while who whom why will with won would you your yours yourself
+    yourselves get got please thanks thank want need like make sure
+    一个 这个 那个 我们 你们 他们 什么 怎么 可以 没有 就是 还是 如果 因为 所以 但是 然后
+    这样 那样 时候 的话 是不 不是 一下 一些 有没 这些 那些 之前 之后 现在 应该 需要
+    """.split()
+)
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS docs (
+    id    INTEGER PRIMARY KEY,
+    path  TEXT NOT NULL UNIQUE,
+    scope TEXT NOT NULL,
+    type  TEXT NOT NULL,
+    mtime REAL NOT NULL,
+    size  INTEGER NOT NULL
+);
+CREATE VIRTUAL TABLE IF NOT EXISTS docs_fts USING fts5(
+    title, description, keywords, body,
+    tokenize = 'porter unicode61 remove_diacritics 2'
+);
+"""
+_INSERT_FTS = (
+    "INSERT INTO docs_fts(rowid, title, description, keywords, body) "
+    "VALUES ((SELECT id FROM docs WHERE path = ?), ?, ?, ?, ?)"
+)
+
+
+class DocLike(Protocol):
+    """What the index needs of a memory document (``store.MemoryDoc`` is one)."""
+
+    @property
+    def path(self) -> str | os.PathLike[str]: ...
+    @property
+    def scope(self) -> str: ...
+    @property
+    def type(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def description(self) -> str: ...
+    @property
+    def body(self) -> str: ...
+    @property
+    def mtime(self) -> float: ...
+    @property
+    def size(self) -> int: ...
+    @property
+    def keywords(self) -> Sequence[str]: ...
+
+
+class Hit(NamedTuple):
+    path: str  # str(doc.path)
+    score: float
+
+
+class SyncStats(NamedTuple):
+    docs: int  # documents in the set
+    added: int
+    updated: int
+    removed: int
+
+
+def _body(doc: DocLike) -> str:
+    body = doc.body.strip()
+    return "" if body == EMPTY_BODY else body
+
+
+def _fts_row(doc: DocLike) -> tuple[str, str, str, str, str]:
+    return (
+        str(doc.path),
+        fts_text(doc.name),
+        fts_text(doc.description),
+        fts_text(" ".join(doc.keywords)),
+        fts_text(_body(doc)),
+    )
+
+
+def _quote(token: str) -> str:
+    return '"' + token.replace('"', '""') + '"'
+
+
+def query_terms(query: str) -> list[str]:
+    """The query's recall tokens minus stop words (all of them if only stop words remain)."""
+    toks = tokens(query)
+    kept = [t for t in toks if t not in STOP_WORDS]
+    return kept or toks
+
+
+def match_expression(terms: Iterable[str]) -> str:
+    """An FTS5 MATCH string that ORs every term as a quoted string (never FTS syntax)."""
+    parts = []
+    for t in terms:
+        # A lone CJK character (one-character run) matches the bigrams that start with it.
+        parts.append(_quote(t) + "*" if len(t) == 1 and is_cjk(t) else _quote(t))
+    return " OR ".join(parts)
+
+
+def type_boosts(query_tokens: Iterable[str]) -> dict[str, float]:
+    """``{type: TYPE_BOOST × min(#tokens in TYPE_KEYWORDS[type], 2)}`` for the non-zero ones."""
+    toks = set(query_tokens)
+    out = {}
+    for typ, words in TYPE_KEYWORDS.items():
+        n = min(len(toks & words), 2)
+        if n:
+            out[typ] = TYPE_BOOST * n
+    return out
+
+
+class LexicalIndex:
+    """An FTS5 index of memory documents in one SQLite file (WAL, synchronous=NORMAL).
+
+    One aiosqlite connection (one thread); every statement is serialised by a lock so a search
+    never sees half a sync. A file that is not a SQLite database is moved aside
+    (``<name>.corrupt-<ts>``) and the index rebuilt by the next :meth:`sync` — it is a cache.
+    """
+
+    def __init__(self, db_path: str | os.PathLike[str]) -> None:
+        self.db_path = Path(db_path)
+        self.set_aside: Path | None = None
+        self._db: aiosqlite.Connection | None = None
+        self._lock: anyio.Lock | None = None
+
+    async def __aenter__(self) -> LexicalIndex:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def open(self) -> None:
+        if self._db is not None:
+            return
+        self._lock = anyio.Lock()
+        await anyio.to_thread.run_sync(
+            lambda: self.db_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        )
+        try:
+            self._db = await self._connect()
+        except sqlite3.OperationalError:
+            raise  # locked, unreadable, …: not corruption — never move it aside
+        except sqlite3.DatabaseError:
+            self.set_aside = await anyio.to_thread.run_sync(self._move_aside)
+            self._db = await self._connect()
+
+    async def close(self) -> None:
+        db, self._db = self._db, None
+        if db is not None:
+            await db.close()
+
+    async def count(self) -> int:
+        rows = await self._conn().execute_fetchall("SELECT count(*) FROM docs")
+        return int(rows[0][0])
+
+    async def sync(self, docs: Sequence[DocLike]) -> SyncStats:
+        """Make the index hold exactly ``docs`` (by ``str(path)``; the last of duplicates wins).
+
+        A document whose path is indexed with the same ``(mtime, size)`` is left alone; new
+        ones are inserted, changed ones rewritten, the others deleted — one transaction.
+        """
+        db = self._conn()
+        assert self._lock is not None
+        want: dict[str, DocLike] = {str(d.path): d for d in docs}
+        async with self._lock:
+            rows = await db.execute_fetchall("SELECT path, id, mtime, size FROM docs")
+            have = {r[0]: (r[1], r[2], r[3]) for r in rows}
+            new = [d for p, d in want.items() if p not in have]
+            changed = [(have[p][0], d) for p, d in want.items()
+                       if p in have and (have[p][1], have[p][2]) != (d.mtime, d.size)]
+            gone = [(v[0],) for p, v in have.items() if p not in want]
+            if not (new or changed or gone):
+                return SyncStats(len(want), 0, 0, 0)
+            todo = [*new, *(d for _, d in changed)]
+            if len(todo) > 64:  # NFKC + bigrams of many bodies: off the event loop
+                fts_rows = await anyio.to_thread.run_sync(lambda: [_fts_row(d) for d in todo])
+            else:
+                fts_rows = [_fts_row(d) for d in todo]
+            try:
+                stale = gone + [(i,) for i, _ in changed]
+                if stale:
+                    await db.executemany("DELETE FROM docs_fts WHERE rowid = ?", stale)
+                if gone:
+                    await db.executemany("DELETE FROM docs WHERE id = ?", gone)
+                if changed:
+                    await db.executemany(
+                        "UPDATE docs SET scope = ?, type = ?, mtime = ?, size = ? WHERE id = ?",
+                        [(d.scope, d.type, d.mtime, d.size, i) for i, d in changed],
+                    )
+                if new:
+                    await db.executemany(
+                        "INSERT INTO docs(path, scope, type, mtime, size) VALUES (?, ?, ?, ?, ?)",
+                        [(str(d.path), d.scope, d.type, d.mtime, d.size) for d in new],
+                    )
+                await db.executemany(_INSERT_FTS, fts_rows)
+                await db.commit()
+            except BaseException:
+                await db.rollback()
+                raise
+            if len(todo) + len(gone) >= OPTIMIZE_AFTER:
+                await db.execute("INSERT INTO docs_fts(docs_fts) VALUES ('optimize')")
+                await db.commit()
+        return SyncStats(len(want), len(new), len(changed), len(gone))
+
+    async def search(self, query: str, *, scopes: Iterable[str] | None = None, limit: int = 5,
+                     exclude: Iterable[str] = ()) -> list[Hit]:
+        """The ``limit`` best documents for ``query``, best first (empty without tokens).
+
+        ``scopes`` keeps only documents of those scopes; ``exclude`` drops those paths.
+        """
+        toks = tokens(query)
+        terms = query_terms(query)
+        if not terms or limit <= 0:
+            return []
+        sql, args = self._select(terms, type_boosts(toks), scopes, [str(p) for p in exclude],
+                                 limit)
+        db = self._conn()
+        assert self._lock is not None
+        async with self._lock:
+            rows = await db.execute_fetchall(sql, args)
+        return [Hit(r[0], float(r[1])) for r in rows]
+
+    # -- internals --------------------------------------------------------------------------------
+
+    @staticmethod
+    def _select(terms: list[str], boosts: dict[str, float], scopes: Iterable[str] | None,
+                exclude: list[str], limit: int) -> tuple[str, list[Any]]:
+        w = ", ".join(repr(x) for x in WEIGHTS)
+        args: list[Any] = []
+        if boosts:
+            whens = " ".join("WHEN ? THEN ?" for _ in boosts)
+            score = f"-bm25(docs_fts, {w}) + (CASE d.type {whens} ELSE 0 END)"
+            for typ, b in boosts.items():
+                args += [typ, b]
+        else:
+            score = f"-bm25(docs_fts, {w})"
+        where = ["docs_fts MATCH ?"]
+        args.append(match_expression(terms))
+        if scopes is not None:
+            sc = list(scopes)
+            if not sc:
+                where.append("0")
+            where.append(f"d.scope IN ({', '.join('?' * len(sc))})")
+            args += sc
+        if exclude:
+            where.append(f"d.path NOT IN ({', '.join('?' * len(exclude))})")
+            args += exclude
+        args.append(limit)
+        sql = (f"SELECT d.path, {score} AS score FROM docs_fts JOIN docs d ON d.id = "
+               f"docs_fts.rowid WHERE {' AND '.join(where)} "
+               f"ORDER BY score DESC, d.mtime DESC LIMIT ?")
+        return sql, args
+
+    def _conn(self) -> aiosqlite.Connection:
+        if self._db is None:
+            raise RuntimeError("LexicalIndex is not open")
+        return self._db
+
+    async def _connect(self) -> aiosqlite.Connection:
+        db = await aiosqlite.connect(self.db_path)
+        try:
+            await db.execute("PRAGMA busy_timeout = 5000")
+            (check,) = (await db.execute_fetchall("PRAGMA quick_check"))[0]
+            if check != "ok":
+                raise sqlite3.DatabaseError(f"quick_check failed: {check}")
+            await db.execute("PRAGMA journal_mode = WAL")
+            await db.execute("PRAGMA synchronous = NORMAL")
+            (version,) = (await db.execute_fetchall("PRAGMA user_version"))[0]
+            if version != SCHEMA_VERSION:  # a cache: an unknown layout is simply rebuilt
+                await db.execute("DROP TABLE IF EXISTS docs_fts")
+                await db.execute("DROP TABLE IF EXISTS docs")
+                await db.executescript(_SCHEMA)
+                await db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+                await db.commit()
+        except BaseException:
+            await db.close()
+            raise
+        return db
+
+    def _move_aside(self) -> Path:
+        ts = time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + f"-{time.time_ns() % 10**9:09d}"
+        dest = self.db_path.with_name(f"{self.db_path.name}.corrupt-{ts}")
+        os.replace(self.db_path, dest)
+        for suffix in ("-wal", "-shm", "-journal"):
+            side = self.db_path.with_name(self.db_path.name + suffix)
+            if side.exists():
+                os.replace(side, dest.with_name(dest.name + suffix))
+        return dest
+
+
+# -- the baseline: the seed's linear scan -----------------------------------------------------------
+
+
+def seed_score(query_tokens: Sequence[str], doc: DocLike) -> int:
+    """The seed's ``scoreDocument``: +2 per query token in the document (substring of its
+    normalised title, description, keywords or body), +1 if a query token is a topic keyword
+    of its type (``TYPE_KEYWORDS[type]``), +1 for a non-empty body; 0 without a token hit."""
+    body = _body(doc)
+    hay = normalize("\n".join((doc.name, doc.description, " ".join(doc.keywords), body)))
+    hits = sum(1 for t in query_tokens if t in hay)
+    if hits == 0:
+        return 0
+    topic = 1 if any(t in TYPE_KEYWORDS.get(doc.type, ()) for t in query_tokens) else 0
+    return 2 * hits + topic + (1 if body else 0)
+
+
+def seed_score_search(docs: Sequence[DocLike], query: str, limit: int = 5) -> list[Hit]:
+    """Rank ``docs`` for ``query`` by :func:`seed_score` — a linear scan that normalises every
+    document on every query, as the seed does. Score desc, then mtime desc, then input order."""
+    toks = tokens(query)
+    if not toks:
+        return []
+    scored = [(s, d) for d in docs if (s := seed_score(toks, d)) > 0]
+    scored.sort(key=lambda sd: (-sd[0], -sd[1].mtime))
+    return [Hit(str(d.path), float(s)) for s, d in scored[:limit]]

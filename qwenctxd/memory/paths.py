@@ -1,0 +1,213 @@
+"""Where auto memory lives, as Qwen Code lays it out, and which scope a path belongs to.
+
+* project memory — ``<base>/projects/<slug(gitRoot)>/memory/`` (``<projectRoot>/.qwen/memory/``
+  with ``QWEN_CODE_MEMORY_LOCAL=1``); its parent is the *state dir* holding ``meta.json``,
+  ``extract-cursor.json`` and ``consolidation.lock``. The git root is the nearest ancestor with a
+  ``.git`` directory or file; linked worktrees are not collapsed, so each gets its own memory.
+* user memory — ``<base>/memories/``, shared by every project.
+* team memory — ``<gitRoot>/.qwen/team-memory/``, inside the repository, opt-in.
+
+``<base>`` is ``QWEN_CODE_MEMORY_BASE_DIR`` when set, else :func:`qwenctxd.paths.runtime_base_dir`.
+Every topic directory holds one memory per ``.md`` file under ``user/ feedback/ project/
+reference/`` plus a ``MEMORY.md`` index.
+
+:func:`scope_of` classifies a path by where its bytes would actually land: a leaf symlink is
+followed (even when dangling) and the nearest existing ancestor is realpath-ed, on both the
+path and the roots, so a decoy link pointing into team memory is classified as team.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from qwenctxd.instructions.gitinfo import find_project_root
+from qwenctxd.paths import project_slug, runtime_base_dir
+
+Scope = Literal["project", "user", "team"]
+MemoryType = Literal["user", "feedback", "project", "reference"]
+
+SCOPES: tuple[Scope, ...] = ("project", "user", "team")
+MEMORY_TYPES: tuple[MemoryType, ...] = ("user", "feedback", "project", "reference")
+
+QWEN_DIRNAME = ".qwen"
+MEMORY_DIRNAME = "memory"
+PROJECTS_DIRNAME = "projects"
+USER_MEMORY_DIRNAME = "memories"
+TEAM_MEMORY_DIRNAME = "team-memory"
+PINNED_DIRNAME = "pinned"
+INDEX_FILENAME = "MEMORY.md"
+META_FILENAME = "meta.json"
+CURSOR_FILENAME = "extract-cursor.json"
+LOCK_FILENAME = "consolidation.lock"
+
+ENV_BASE_DIR = "QWEN_CODE_MEMORY_BASE_DIR"
+ENV_LOCAL = "QWEN_CODE_MEMORY_LOCAL"
+
+MAX_SYMLINK_HOPS = 40  # POSIX SYMLOOP_MAX
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryRoots:
+    """The memory directories for one working directory.
+
+    ``project`` is None only when built by hand without a project; ``roots_for`` always sets
+    it (falling back to the working directory when there is no git root). ``state`` is the
+    project memory's parent. ``team`` is None unless team memory is enabled and a git root
+    exists. ``git_root`` is the anchor found for the working directory, if any.
+    """
+
+    project: Path | None
+    user: Path
+    team: Path | None
+    state: Path | None
+    git_root: Path | None = None
+
+    def for_scope(self, scope: str) -> Path | None:
+        """The root of ``scope`` (None when that scope is not available)."""
+        return {"project": self.project, "user": self.user, "team": self.team}.get(scope)
+
+
+def _environ(environ: Mapping[str, str] | None) -> Mapping[str, str]:
+    return os.environ if environ is None else environ
+
+
+def _absolute(path: str | os.PathLike[str]) -> Path:
+    return Path(os.path.normpath(os.path.abspath(os.path.expanduser(os.fspath(path)))))
+
+
+def memory_base_dir(environ: Mapping[str, str] | None = None) -> Path:
+    """``QWEN_CODE_MEMORY_BASE_DIR`` (``~`` expanded, made absolute) else the runtime base dir."""
+    override = _environ(environ).get(ENV_BASE_DIR)
+    if override:
+        return _absolute(override)
+    return _absolute(runtime_base_dir())
+
+
+def local_memory(environ: Mapping[str, str] | None = None) -> bool:
+    """True when ``QWEN_CODE_MEMORY_LOCAL=1``: project memory lives in the project's ``.qwen``."""
+    return _environ(environ).get(ENV_LOCAL) == "1"
+
+
+def project_memory_root(project_root: Path, environ: Mapping[str, str] | None = None) -> Path:
+    """Project memory for ``project_root`` (a git root, or the working directory without one)."""
+    anchor = _absolute(project_root)
+    if local_memory(environ):
+        return anchor / QWEN_DIRNAME / MEMORY_DIRNAME
+    return memory_base_dir(environ) / PROJECTS_DIRNAME / project_slug(anchor) / MEMORY_DIRNAME
+
+
+def user_memory_root(environ: Mapping[str, str] | None = None) -> Path:
+    return memory_base_dir(environ) / USER_MEMORY_DIRNAME
+
+
+def team_memory_root(git_root: Path) -> Path:
+    return _absolute(git_root) / QWEN_DIRNAME / TEAM_MEMORY_DIRNAME
+
+
+def roots_for(
+    cwd: Path, *, environ: Mapping[str, str] | None = None, team_enabled: bool = False
+) -> MemoryRoots:
+    """The memory roots for a session started in ``cwd``."""
+    start = _absolute(cwd)
+    git_root = find_project_root(start)
+    anchor = git_root if git_root is not None else start
+    project = project_memory_root(anchor, environ)
+    team = team_memory_root(git_root) if team_enabled and git_root is not None else None
+    return MemoryRoots(
+        project=project,
+        user=user_memory_root(environ),
+        team=team,
+        state=project.parent,
+        git_root=git_root,
+    )
+
+
+def index_path(root: Path) -> Path:
+    return root / INDEX_FILENAME
+
+
+def meta_path(state: Path) -> Path:
+    return state / META_FILENAME
+
+
+def cursor_path(state: Path) -> Path:
+    return state / CURSOR_FILENAME
+
+
+def lock_path(state: Path) -> Path:
+    return state / LOCK_FILENAME
+
+
+def is_within(child: str | os.PathLike[str], parent: str | os.PathLike[str]) -> bool:
+    """``child`` is ``parent`` or below it, compared component-wise (never a string prefix)."""
+    try:
+        rel = os.path.relpath(os.fspath(child), os.fspath(parent))
+    except ValueError:  # different drives on Windows
+        return False
+    if os.path.isabs(rel):
+        return False
+    first = rel.split(os.sep, 1)[0]
+    return first != os.pardir
+
+
+def resolve_leaf_symlink(path: str | os.PathLike[str]) -> str:
+    """Follow a symlink chain at the leaf of ``path`` even when its final target is missing.
+
+    At most :data:`MAX_SYMLINK_HOPS` links are followed; relative targets resolve against the
+    link's real parent directory. The result is absolute and may not exist.
+    """
+    current = os.path.abspath(os.fspath(path))
+    for _ in range(MAX_SYMLINK_HOPS):
+        try:
+            if not os.path.islink(current):
+                return current
+            target = os.readlink(current)
+        except OSError:
+            return current
+        if os.path.isabs(target):
+            current = os.path.normpath(target)
+        else:
+            parent = os.path.dirname(current)
+            try:
+                parent = os.path.realpath(parent, strict=True)
+            except OSError:
+                pass
+            current = os.path.normpath(os.path.join(parent, target))
+    return current
+
+
+def realpath_nearest_existing(path: str | os.PathLike[str]) -> str:
+    """Where ``path`` really is: leaf links followed, then the nearest existing ancestor's
+    realpath with the missing tail re-appended literally."""
+    resolved = resolve_leaf_symlink(path)
+    missing: list[str] = []
+    current = resolved
+    while not os.path.lexists(current):
+        parent = os.path.dirname(current)
+        if parent == current:
+            return resolved
+        missing.insert(0, os.path.basename(current))
+        current = parent
+    real = os.path.realpath(current)  # non-strict: a dangling link inside still resolves
+    return os.path.join(real, *missing) if missing else real
+
+
+def scope_of(path: str | os.PathLike[str], roots: MemoryRoots) -> Scope | None:
+    """The memory scope ``path`` writes into, or None when it is outside every root.
+
+    Team is checked first, so a link from a private root into team memory counts as team.
+    """
+    real = realpath_nearest_existing(path)
+    candidates: list[tuple[Scope, Path | None]] = [
+        ("team", roots.team),
+        ("project", roots.project),
+        ("user", roots.user),
+    ]
+    for scope, root in candidates:
+        if root is not None and is_within(real, realpath_nearest_existing(root)):
+            return scope
+    return None

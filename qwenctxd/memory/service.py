@@ -1,0 +1,360 @@
+"""MemoryService: the one entry point to auto memory for the daemon.
+
+Per project it knows the memory roots (project / user / opt-in team), scaffolds them, keeps a
+scan of the memory files and an SQLite FTS5 index in step with them (watchers on the memory
+directories; changes re-sync in a background job), answers recall (model selector over headers
+when a model is configured, lexical BM25 otherwise or on any model failure), renders the memory
+section of the system prompt, vets writes into team memory, and forgets in two steps.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import structlog
+
+from qwenctxd.config import ConfigStore
+from qwenctxd.events import EventBus
+from qwenctxd.memory import paths as mpaths
+from qwenctxd.memory import render, secrets, selector, store
+from qwenctxd.memory.index import rebuild_index
+from qwenctxd.memory.lexical import LexicalIndex
+from qwenctxd.memory.prompt import memory_section
+from qwenctxd.model import ModelClient
+from qwenctxd.protocol.errors import ModelUnavailable, PathOutsideProject
+from qwenctxd.tasks import TaskRegistry
+from qwenctxd.watch import WatchHub
+
+log = structlog.get_logger("qwenctxd.memory")
+MODEL_CANDIDATES = 200
+LEXICAL_CANDIDATES = 180
+FORGET_LIMIT = 5
+MAX_FORGET_DELETIONS = 400
+
+
+@dataclass
+class RecallOutcome:
+    strategy: str  # "model" | "heuristic" | "none"
+    docs: list[store.MemoryDoc]
+    prompt: str
+    scores: dict[str, float] = field(default_factory=dict)
+    fell_back: str | None = None
+
+
+@dataclass
+class _Project:
+    key: Path
+    roots: mpaths.MemoryRoots
+    lexical: LexicalIndex
+    docs: list[store.MemoryDoc] = field(default_factory=list)
+    problems: list[tuple[Path, str]] = field(default_factory=list)
+    generation: int = 0
+    synced_generation: int = -1
+    lock: anyio.Lock = field(default_factory=anyio.Lock)
+
+
+class MemoryService:
+    def __init__(self, config: ConfigStore, hub: WatchHub, tasks: TaskRegistry, bus: EventBus,
+                 *, model: Callable[[], ModelClient], environ: Mapping[str, str] | None = None,
+                 project_root: Callable[[Path], Path | None]) -> None:
+        self._config = config
+        self._hub = hub
+        self._tasks = tasks
+        self._bus = bus
+        self._model = model
+        self._environ = environ if environ is not None else os.environ
+        self._project_root = project_root
+        self._projects: dict[Path, _Project] = {}
+        self._hits: dict[str, int] = {}
+
+    # -- roots ------------------------------------------------------------------------------------
+    def enabled(self, root: Path | None) -> bool:
+        s = self._config.for_project(root) if root else self._config.global_settings
+        return s.memory.enable_managed_auto_memory
+
+    def roots(self, cwd: Path) -> mpaths.MemoryRoots:
+        root = self._project_root(cwd)
+        s = self._config.for_project(root) if root else self._config.global_settings
+        return mpaths.roots_for(cwd, environ=self._environ,
+                                team_enabled=s.memory.enable_team_memory)
+
+    async def project(self, cwd: Path) -> _Project:
+        key = self._project_root(cwd) or cwd
+        proj = self._projects.get(key)
+        if proj is not None:
+            return proj
+        roots = self.roots(cwd)
+        await anyio.to_thread.run_sync(store.ensure_scaffold, roots)
+        db_dir = roots.state or (roots.user.parent / "projects" / "_no_project")
+        db_dir.mkdir(parents=True, exist_ok=True)
+        lexical = LexicalIndex(db_dir / "recall.sqlite")
+        await lexical.open()
+        proj = self._projects.setdefault(key, _Project(key=key, roots=roots, lexical=lexical))
+        if proj.lexical is not lexical:
+            await lexical.close()
+        before = await anyio.to_thread.run_sync(_fingerprint, self._watch_dirs(proj))
+        await self._refresh(proj)
+        self._watch(proj, before)
+        return proj
+
+    def _scoped_roots(self, roots: mpaths.MemoryRoots) -> list[tuple[str, Path]]:
+        out = [("user", roots.user)]
+        if roots.project is not None:
+            out.append(("project", roots.project))
+        if roots.team is not None:
+            out.append(("team", roots.team))
+        return out
+
+    async def _refresh(self, proj: _Project) -> None:
+        """Re-scan every scope and bring the FTS index in step (worker thread + one batch)."""
+        async with proj.lock:
+            def scan_all() -> tuple[list[store.MemoryDoc], list[tuple[Path, str]]]:
+                docs: list[store.MemoryDoc] = []
+                problems: list[tuple[Path, str]] = []
+                for scope, root in self._scoped_roots(proj.roots):
+                    if not root.exists():
+                        continue
+                    res = store.scan(root, scope, uncapped=True)  # type: ignore[arg-type]
+                    docs.extend(res.docs)
+                    problems.extend(res.problems)
+                return docs, problems
+
+            proj.docs, proj.problems = await anyio.to_thread.run_sync(scan_all)
+            await proj.lexical.sync(proj.docs)
+            proj.generation += 1
+
+    def _watch_dirs(self, proj: _Project) -> list[Path]:
+        dirs: list[Path] = []
+        for _, root in self._scoped_roots(proj.roots):
+            dirs.append(root)
+            dirs.extend(root / t for t in mpaths.MEMORY_TYPES)
+        return dirs
+
+    def _watch(self, proj: _Project, before: list[tuple[str, int, int]]) -> None:
+        dirs = self._watch_dirs(proj)
+
+        async def on_change(changes: set[tuple[Any, str]]) -> None:
+            if any(raw.endswith(".md") for _, raw in changes):
+                self._schedule_refresh(proj)
+
+        self._hub.watch(f"memory:{proj.key}", dirs, on_change)
+        if not self._tasks.accepting:
+            return
+
+        async def verify() -> None:  # an edit that raced the watch registration still counts
+            with anyio.move_on_after(10):
+                await self._hub.wait_synced()
+            if await anyio.to_thread.run_sync(_fingerprint, dirs) != before:
+                self._schedule_refresh(proj)
+
+        self._tasks.submit("memory-verify", verify, key=f"memory-verify:{proj.key}",
+                           project=str(proj.key))
+
+    def _schedule_refresh(self, proj: _Project) -> None:
+        if not self._tasks.accepting:
+            return
+
+        async def job() -> None:
+            await self._refresh(proj)
+            self._bus.publish("memory/changed", {"project": str(proj.key),
+                                                 "docs": len(proj.docs)})
+
+        self._tasks.submit("memory-sync", job, key=f"memory-sync:{proj.key}",
+                           project=str(proj.key))
+
+    async def aclose(self) -> None:
+        for proj in self._projects.values():
+            await proj.lexical.close()
+        self._projects.clear()
+
+    # -- listing ------------------------------------------------------------------------------------
+    async def list(self, cwd: Path, scope: str | None = None) -> list[store.MemoryDoc]:
+        proj = await self.project(cwd)
+        return [d for d in proj.docs if scope is None or d.scope == scope]
+
+    # -- recall -------------------------------------------------------------------------------------
+    async def recall(self, cwd: Path, query: str, *, active_tools: Sequence[str] = (),
+                     exclude: Sequence[str] = (), limit: int = render.MAX_RELEVANT_DOCS
+                     ) -> RecallOutcome:
+        proj = await self.project(cwd)
+        if not query.strip() or not proj.docs:
+            return RecallOutcome(strategy="none", docs=[], prompt="")
+        by_path = {str(d.path): d for d in proj.docs}
+        excluded = set(exclude)
+        hits = await proj.lexical.search(query, limit=LEXICAL_CANDIDATES, exclude=list(excluded))
+        scores = {h.path: h.score for h in hits}
+        aliases = render.tool_aliases(active_tools)
+        model = self._model()
+        strategy = "heuristic"
+        fell_back = None
+        chosen: list[store.MemoryDoc] = []
+        if model.configured:
+            ranked = [by_path[h.path] for h in hits if h.path in by_path]
+            seen = {str(d.path) for d in ranked}
+            recent = sorted((d for d in proj.docs if str(d.path) not in seen
+                             and str(d.path) not in excluded), key=lambda d: -d.mtime)
+            candidates = (ranked + recent)[:MODEL_CANDIDATES]
+            try:
+                picked = await selector.select_for_recall(model, query, candidates,
+                                                          active_tools=active_tools, limit=limit)
+                chosen = [by_path[p] for p in picked if p in by_path]
+                strategy = "model"
+            except ModelUnavailable as exc:
+                fell_back = (exc.data or {}).get("reason", "error") if isinstance(
+                    exc.data, dict) else "error"
+                log.info("recall fell back to lexical", reason=fell_back)
+        if strategy == "heuristic":
+            chosen = [by_path[h.path] for h in hits if h.path in by_path]
+        chosen = [d for d in chosen if not render.is_tool_noise(d, aliases)][:limit]
+        for d in chosen:
+            self._hits[str(d.path)] = self._hits.get(str(d.path), 0) + 1
+        if not chosen:
+            return RecallOutcome(strategy="none" if strategy == "heuristic" else strategy,
+                                 docs=[], prompt="", scores=scores, fell_back=fell_back)
+        return RecallOutcome(strategy=strategy, docs=chosen, prompt=render.render(chosen),
+                             scores=scores, fell_back=fell_back)
+
+    def hits(self, path: str) -> int:
+        return self._hits.get(path, 0)
+
+    # -- the system prompt section --------------------------------------------------------------------
+    def prompt_section(self, project_root: Path | None, cwd: Path) -> str:
+        if not self.enabled(project_root):
+            return ""
+        roots = self.roots(cwd)
+        indexes = []
+        for scope, root in self._scoped_roots(roots):
+            try:
+                text = (root / mpaths.INDEX_FILENAME).read_text(encoding="utf-8", errors="replace")
+            except OSError:
+                text = ""
+            indexes.append((scope, root, text))
+        return memory_section(indexes)
+
+    def prompt_stamp(self, project_root: Path | None, cwd: Path) -> tuple[Any, ...]:
+        """Changes whenever the memory section would: the indexes' stat and the settings."""
+        if not self.enabled(project_root):
+            return ("off",)
+        roots = self.roots(cwd)
+        out: list[Any] = []
+        for _, root in self._scoped_roots(roots):
+            try:
+                st = os.stat(root / mpaths.INDEX_FILENAME)
+                out.append((str(root), st.st_mtime_ns, st.st_size))
+            except OSError:
+                out.append((str(root), None))
+        return tuple(out)
+
+    # -- writes ---------------------------------------------------------------------------------------
+    def check_write(self, cwd: Path, path: Path, content: str) -> tuple[bool, str | None,
+                                                                       list[secrets.SecretHit]]:
+        roots = self.roots(cwd)
+        scope = mpaths.scope_of(path, roots)
+        team_root = roots.team or ((self._project_root(cwd) or cwd) / ".qwen" / "team-memory")
+        team_roots = mpaths.MemoryRoots(project=roots.project, user=roots.user, team=team_root,
+                                        state=roots.state)
+        is_team = mpaths.scope_of(path, team_roots) == "team"
+        res = secrets.check_write(path, content, is_team_path=lambda _p: is_team)
+        return res.allowed, ("team" if is_team else scope), list(res.rules)
+
+    # -- forget ---------------------------------------------------------------------------------------
+    async def forget_candidates(self, cwd: Path, query: str, *, limit: int = FORGET_LIMIT
+                                ) -> list[tuple[store.MemoryDoc, str]]:
+        proj = await self.project(cwd)
+        docs = [d for d in proj.docs if d.scope in ("user", "project")]
+        ids = {f"{d.scope}:{d.relative_path}": d for d in docs}
+        model = self._model()
+        if model.configured and ids:
+            summaries = [(cid, f"scope: {d.scope}\ntopic: {d.type}\nsummary: {d.name} — "
+                               f"{d.description}") for cid, d in ids.items()]
+            try:
+                chosen = await selector.select_for_forget(model, query, summaries, limit=limit)
+                return [(ids[c], "selected by the model") for c in chosen]
+            except ModelUnavailable as exc:
+                log.info("forget fell back to substring match",
+                         reason=(exc.data or {}).get("reason") if isinstance(exc.data, dict)
+                         else None)
+        needle = " ".join(query.lower().split())
+        out = []
+        for d in sorted(docs, key=lambda d: -d.mtime):
+            hay = " ".join([d.name, d.description, d.body]).lower()
+            if needle and needle in " ".join(hay.split()):
+                out.append((d, f"contains {query!r}"))
+        return out[:limit]
+
+    async def forget(self, cwd: Path, paths: Sequence[str]) -> list[str]:
+        proj = await self.project(cwd)
+        known = {str(d.path): d for d in proj.docs if d.scope in ("user", "project")}
+        targets = []
+        for raw in paths[:MAX_FORGET_DELETIONS]:
+            p = str(Path(raw))
+            if p not in known:
+                raise PathOutsideProject(f"not a memory of this project or user: {raw}",
+                                         data={"path": raw})
+            targets.append(known[p])
+        removed = await anyio.to_thread.run_sync(store.remove_docs, [d.path for d in targets])
+        scopes = {d.scope for d in targets}
+
+        def rebuild() -> None:
+            for scope, root in self._scoped_roots(proj.roots):
+                if scope in scopes:
+                    rebuild_index(root, scope)  # type: ignore[arg-type]
+
+        await anyio.to_thread.run_sync(rebuild)
+        if proj.roots.state is not None:
+            await anyio.to_thread.run_sync(lambda: store.write_meta(proj.roots.state))
+        await self._refresh(proj)
+        self._bus.publish("memory/changed", {"project": str(proj.key), "removed": len(removed)})
+        return [str(p) for p in removed]
+
+    # -- status -----------------------------------------------------------------------------------------
+    async def status(self, cwd: Path) -> dict[str, Any]:
+        proj = await self.project(cwd)
+        counts: dict[str, int] = {}
+        for d in proj.docs:
+            counts[d.scope] = counts.get(d.scope, 0) + 1
+        index_bytes = 0
+        for _, root in self._scoped_roots(proj.roots):
+            try:
+                index_bytes += os.stat(root / mpaths.INDEX_FILENAME).st_size
+            except OSError:
+                pass
+        meta: dict[str, Any] = {}
+        cursor: dict[str, Any] = {}
+        if proj.roots.state is not None:
+            meta = await anyio.to_thread.run_sync(store.read_meta, proj.roots.state)
+            cursor = await anyio.to_thread.run_sync(store.read_cursor, proj.roots.state)
+        return {
+            "roots": {"project": str(proj.roots.project) if proj.roots.project else None,
+                      "user": str(proj.roots.user),
+                      "team": str(proj.roots.team) if proj.roots.team else None},
+            "counts": counts, "index_bytes": index_bytes, "cursor": cursor,
+            "last_dream_at": meta.get("lastDreamAt"),
+            "sessions_since_dream": None, "lock": None,
+            "problems": [{"path": str(p), "message": m} for p, m in proj.problems],
+        }
+
+    def projects(self) -> list[tuple[Path, int]]:
+        return [(k, len(p.docs)) for k, p in self._projects.items()]
+
+
+def _fingerprint(dirs: Sequence[Path]) -> list[tuple[str, int, int]]:
+    out = []
+    for d in dirs:
+        try:
+            with os.scandir(d) as it:
+                for e in it:
+                    if e.name.endswith(".md"):
+                        try:
+                            st = e.stat()
+                        except OSError:
+                            continue
+                        out.append((e.path, st.st_mtime_ns, st.st_size))
+        except OSError:
+            continue
+    return sorted(out)

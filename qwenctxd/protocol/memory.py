@@ -1,0 +1,110 @@
+"""Wire types of the ``memory.*`` methods."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+from qwenctxd.protocol.daemon import Params
+
+Scope = Literal["project", "user", "team"]
+
+
+class ListParams(Params):
+    cwd: str
+    scope: Scope | None = None
+
+
+class DocInfo(msgspec.Struct, kw_only=True):
+    path: str
+    scope: str
+    type: str
+    name: str
+    description: str
+    age: str
+    hits: int = 0
+
+
+class ListResult(msgspec.Struct, kw_only=True):
+    docs: list[DocInfo]
+    problems: list[dict[str, str]] = msgspec.field(default_factory=list)
+
+
+class RecallParams(Params):
+    cwd: str
+    query: str
+    active_tools: list[str] | None = None
+
+
+class RecalledDoc(msgspec.Struct, kw_only=True):
+    path: str
+    scope: str
+    type: str
+    name: str
+    score: float | None = None
+
+
+class RecallResult(msgspec.Struct, kw_only=True):
+    strategy: Literal["model", "heuristic", "none"]
+    docs: list[RecalledDoc]
+    prompt: str
+    fell_back: str | None = None
+
+
+class ForgetCandidatesParams(Params):
+    cwd: str
+    query: str
+    limit: int = 5
+
+
+class Candidate(msgspec.Struct, kw_only=True):
+    path: str
+    scope: str
+    name: str
+    reason: str
+
+
+class ForgetCandidatesResult(msgspec.Struct, kw_only=True):
+    candidates: list[Candidate]
+
+
+class ForgetParams(Params):
+    cwd: str
+    paths: list[str]
+
+
+class ForgetResult(msgspec.Struct, kw_only=True):
+    removed: list[str]
+
+
+class CheckWriteParams(Params):
+    cwd: str
+    path: str
+    content: str
+
+
+class RuleHit(msgspec.Struct, kw_only=True):
+    id: str
+    label: str
+
+
+class CheckWriteResult(msgspec.Struct, kw_only=True):
+    allowed: bool
+    scope: str | None
+    rules: list[RuleHit]
+
+
+class StatusParams(Params):
+    cwd: str
+
+
+class StatusResult(msgspec.Struct, kw_only=True):
+    roots: dict[str, str | None]
+    counts: dict[str, int]
+    index_bytes: int
+    cursor: dict[str, Any]
+    last_dream_at: str | None
+    sessions_since_dream: int | None
+    lock: dict[str, Any] | None
+    problems: list[dict[str, str]] = msgspec.field(default_factory=list)

@@ -1,0 +1,79 @@
+"""Handlers of the ``memory.*`` family (list, recall, forget in two steps, check_write, status)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from qwenctxd.memory import render
+from qwenctxd.protocol import errors
+from qwenctxd.protocol import memory as wire
+from qwenctxd.server.dispatch import MethodSpec
+from qwenctxd.server.methods.instructions_methods import checked_cwd
+
+if TYPE_CHECKING:
+    from qwenctxd.server.app import Daemon
+    from qwenctxd.server.connection import Connection
+
+
+def register(daemon: Daemon) -> None:
+    service = daemon.memory
+
+    async def list_(ctx: Connection, p: wire.ListParams) -> wire.ListResult:
+        cwd = checked_cwd(p.cwd)
+        docs = await service.list(cwd, p.scope)
+        proj = await service.project(cwd)
+        return wire.ListResult(
+            docs=[wire.DocInfo(path=str(d.path), scope=d.scope, type=d.type, name=d.name,
+                               description=d.description, age=render.age_in_words(d.mtime),
+                               hits=service.hits(str(d.path))) for d in docs],
+            problems=[{"path": str(pp), "message": m} for pp, m in proj.problems])
+
+    async def recall(ctx: Connection, p: wire.RecallParams) -> wire.RecallResult:
+        cwd = checked_cwd(p.cwd)
+        out = await service.recall(cwd, p.query, active_tools=p.active_tools or [])
+        return wire.RecallResult(
+            strategy=out.strategy,  # type: ignore[arg-type]
+            docs=[wire.RecalledDoc(path=str(d.path), scope=d.scope, type=d.type, name=d.name,
+                                   score=out.scores.get(str(d.path))) for d in out.docs],
+            prompt=out.prompt, fell_back=out.fell_back)
+
+    async def forget_candidates(ctx: Connection, p: wire.ForgetCandidatesParams
+                                ) -> wire.ForgetCandidatesResult:
+        cwd = checked_cwd(p.cwd)
+        if not p.query.strip():
+            raise errors.InvalidParams("query is empty", data={"field": "query",
+                                                               "message": "empty"})
+        found = await service.forget_candidates(cwd, p.query, limit=max(1, min(p.limit, 50)))
+        return wire.ForgetCandidatesResult(candidates=[
+            wire.Candidate(path=str(d.path), scope=d.scope, name=d.name, reason=why)
+            for d, why in found])
+
+    async def forget(ctx: Connection, p: wire.ForgetParams) -> wire.ForgetResult:
+        cwd = checked_cwd(p.cwd)
+        return wire.ForgetResult(removed=await service.forget(cwd, p.paths))
+
+    async def check_write(ctx: Connection, p: wire.CheckWriteParams) -> wire.CheckWriteResult:
+        cwd = checked_cwd(p.cwd)
+        if not os.path.isabs(p.path):
+            raise errors.InvalidParams("path must be absolute",
+                                       data={"field": "path", "message": "not absolute"})
+        allowed, scope, hits = service.check_write(cwd, Path(p.path), p.content)
+        return wire.CheckWriteResult(allowed=allowed, scope=scope,
+                                     rules=[wire.RuleHit(id=h.rule_id, label=h.label)
+                                            for h in hits])
+
+    async def status(ctx: Connection, p: wire.StatusParams) -> wire.StatusResult:
+        cwd = checked_cwd(p.cwd)
+        return wire.StatusResult(**await service.status(cwd))
+
+    for spec in (
+        MethodSpec("memory.list", wire.ListParams, list_),
+        MethodSpec("memory.recall", wire.RecallParams, recall),
+        MethodSpec("memory.forget_candidates", wire.ForgetCandidatesParams, forget_candidates),
+        MethodSpec("memory.forget", wire.ForgetParams, forget),
+        MethodSpec("memory.check_write", wire.CheckWriteParams, check_write),
+        MethodSpec("memory.status", wire.StatusParams, status),
+    ):
+        daemon.dispatcher.register(spec)

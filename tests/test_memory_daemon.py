@@ -1,0 +1,223 @@
+"""Auto memory through the socket: layout, recall (model and lexical), prefetch timing in
+session turns, team-memory secret guard, two-step forget."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from qwenctxd.client import RemoteError
+from qwenctxd.paths import project_slug
+from qwenctxd.testing.openai_stub import Reply, ScriptedOpenAI
+from qwenctxd.testing.spawn import SpawnedDaemon
+
+
+def model_env(stub: ScriptedOpenAI) -> dict[str, str]:
+    return {"OPENAI_BASE_URL": stub.base_url, "OPENAI_MODEL": "stub-model",
+            "OPENAI_API_KEY": "test", "QWENCTXD_FAST_MODEL": "stub-fast"}
+
+
+def repo_in(home: Path, name: str = "repo") -> Path:
+    repo = home / name
+    (repo / ".git").mkdir(parents=True, exist_ok=True)
+    return repo
+
+
+def remember(root: Path, type_: str, slug: str, name: str, description: str, body: str) -> Path:
+    path = root / type_ / f"{slug}.md"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"---\nname: {name}\ndescription: {description}\ntype: {type_}\n---\n{body}\n")
+    return path
+
+
+def is_recall(body: dict[str, Any]) -> bool:
+    return "Available memories" in json.dumps(body.get("messages", []))
+
+
+def test_layout_and_scaffold(daemon: SpawnedDaemon) -> None:
+    repo = repo_in(daemon.home)
+    st = daemon.call("memory.status", {"cwd": str(repo)})
+    project = Path(st["roots"]["project"])
+    assert project == daemon.home / ".qwen" / "projects" / project_slug(repo) / "memory"
+    assert Path(st["roots"]["user"]) == daemon.home / ".qwen" / "memories"
+    assert st["roots"]["team"] is None
+    for t in ("user", "feedback", "project", "reference"):
+        assert (project / t).is_dir()
+    assert (project / "MEMORY.md").exists() and (project.parent / "meta.json").exists()
+    before = {p: p.stat().st_mtime_ns for p in project.parent.rglob("*") if p.is_file()}
+    daemon.call("memory.status", {"cwd": str(repo)})
+    # a worktree (a .git file) gets its own memory dir; the scaffold is idempotent
+    wt = daemon.home / "wt"
+    wt.mkdir()
+    (wt / ".git").write_text("gitdir: /elsewhere/.git/worktrees/wt\n")
+    st2 = daemon.call("memory.status", {"cwd": str(wt)})
+    assert Path(st2["roots"]["project"]).parent.name == project_slug(wt)
+    assert {p: p.stat().st_mtime_ns for p in project.parent.rglob("*") if p.is_file()} == before
+
+
+def _seed(d: SpawnedDaemon, repo: Path) -> tuple[Path, Path, Path]:
+    st = d.call("memory.status", {"cwd": str(repo)})
+    project = Path(st["roots"]["project"])
+    user = Path(st["roots"]["user"])
+    a = remember(project, "project", "release", "Release freeze",
+                 "release freeze starts every Thursday at noon",
+                 "No merges to main after Thursday noon.\n**Why:** QA needs a stable branch.")
+    b = remember(user, "user", "tabs", "Indentation preference",
+                 "user prefers tabs over spaces in Go code", "Always use tabs in Go files.")
+    c = remember(project, "reference", "dashboard", "Grafana dashboard",
+                 "latency dashboard for the checkout service", "https://grafana.example/d/checkout")
+    deadline = time.monotonic() + 5
+    while len(d.call("memory.list", {"cwd": str(repo)})["docs"]) < 3:
+        assert time.monotonic() < deadline, "memory files never indexed"
+        time.sleep(0.05)
+    return a, b, c
+
+
+def test_lexical_recall_without_a_model(daemon: SpawnedDaemon) -> None:
+    repo = repo_in(daemon.home)
+    a, b, _ = _seed(daemon, repo)
+    r = daemon.call("memory.recall", {"cwd": str(repo), "query": "when is the release freeze?"})
+    assert r["strategy"] == "heuristic"
+    assert r["docs"][0]["path"] == str(a)
+    assert "## Relevant memory" in r["prompt"] and "Saved today." in r["prompt"]
+    listed = {x["path"]: x for x in daemon.call("memory.list", {"cwd": str(repo)})["docs"]}
+    assert listed[str(a)]["hits"] == 1 and listed[str(b)]["scope"] == "user"
+
+
+def test_chinese_recall(daemon: SpawnedDaemon) -> None:
+    repo = repo_in(daemon.home)
+    st = daemon.call("memory.status", {"cwd": str(repo)})
+    zh = remember(Path(st["roots"]["project"]), "project", "deploy", "部署流程",
+                  "生产环境部署需要先通知运维", "每次部署前在群里通知运维同事。")
+    deadline = time.monotonic() + 5
+    while not daemon.call("memory.list", {"cwd": str(repo)})["docs"]:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    r = daemon.call("memory.recall", {"cwd": str(repo), "query": "怎么部署"})
+    assert [x["path"] for x in r["docs"]] == [str(zh)]
+
+
+def test_model_recall_sees_headers_only_and_falls_back(spawn) -> None:  # type: ignore[no-untyped-def]
+    with ScriptedOpenAI() as stub:
+        d: SpawnedDaemon = spawn(env=model_env(stub)).start()
+        repo = repo_in(d.home)
+        a, b, c = _seed(d, repo)
+        stub.push(Reply(content=json.dumps({"selected_memories": [str(c), "/not/a/memory.md"]})))
+        r = d.call("memory.recall", {"cwd": str(repo), "query": "where do I see checkout latency"})
+        assert r["strategy"] == "model" and [x["path"] for x in r["docs"]] == [str(c)]
+        sent = json.dumps(stub.requests[-1].body)
+        assert str(a) in sent and "No merges to main" not in sent  # headers, no bodies
+        assert stub.requests[-1].body.get("temperature") == 0
+        # a model error falls back to lexical
+        stub.push(Reply(fault="http_500"))
+        r = d.call("memory.recall", {"cwd": str(repo), "query": "release freeze"})
+        assert r["strategy"] == "heuristic" and r["docs"][0]["path"] == str(a)
+        assert r["fell_back"]
+
+
+def test_prefetch_slow_model_arrives_on_the_next_tool_turn(spawn) -> None:  # type: ignore[no-untyped-def]
+    with ScriptedOpenAI() as stub:
+        d: SpawnedDaemon = spawn(env=model_env(stub)).start()
+        repo = repo_in(d.home)
+        a, _, _ = _seed(d, repo)
+        sid = d.call("session.open", {"cwd": str(repo), "model": "stub-model"})["session_id"]
+        stub.push(Reply(content=json.dumps({"selected_memories": [str(a)]}), delay_s=0.3))
+        t0 = time.monotonic()
+        p = d.call("session.turn", {"session_id": sid, "kind": "user",
+                                    "text": "is there a release freeze?"})
+        assert time.monotonic() - t0 < 0.25  # never waits for the recall
+        assert not [r for r in p["reminders"] if r["kind"] == "memory"]
+        d.call("session.record_model", {"session_id": sid, "message": {
+            "role": "assistant", "content": None, "tool_calls": [
+                {"id": "t1", "type": "function", "function": {"name": "glob", "arguments": "{}"}}]}})
+        time.sleep(0.5)
+        p = d.call("session.turn", {"session_id": sid, "kind": "tool_results", "tool_results": [
+            {"tool_call_id": "t1", "name": "glob", "content": "a.py"}]})
+        mem = [r for r in p["reminders"] if r["kind"] == "memory"]
+        assert len(mem) == 1 and "Release freeze" in mem[0]["text"]
+        assert p["reminders"][-1]["kind"] == "memory"  # pushed at the end
+        assert p["messages"][-1]["role"] == "user" and "Release freeze" in json.dumps(
+            p["messages"][-1])
+
+
+def test_prefetch_instant_model_arrives_on_the_user_turn(spawn) -> None:  # type: ignore[no-untyped-def]
+    with ScriptedOpenAI() as stub:
+        d: SpawnedDaemon = spawn(env=model_env(stub)).start()
+        repo = repo_in(d.home)
+        a, _, _ = _seed(d, repo)
+        stub.push(Reply(content=json.dumps({"selected_memories": [str(a)]})))
+        d.call("memory.recall", {"cwd": str(repo), "query": "warm the client"})  # openai import
+        sid = d.call("session.open", {"cwd": str(repo), "model": "stub-model"})["session_id"]
+        stub.push(Reply(content=json.dumps({"selected_memories": [str(a)]})))
+        p = d.call("session.turn", {"session_id": sid, "kind": "user",
+                                    "text": "is there a release freeze?"})
+        assert p["reminders"][0]["kind"] == "memory"  # unshifted: first
+        first = p["messages"][-1]["content"]
+        assert "Release freeze" in first[0]["text"] and first[-1]["text"].startswith("is there")
+
+
+def test_team_secret_guard_and_symlink_decoy(spawn) -> None:  # type: ignore[no-untyped-def]
+    d: SpawnedDaemon = spawn()
+    settings = d.home / ".qwen" / "settings.json"
+    settings.parent.mkdir(parents=True)
+    settings.write_text('{"memory": {"enableTeamMemory": true}}')
+    d.start()
+    repo = repo_in(d.home)
+    team = repo / ".qwen" / "team-memory"
+    secret = "token ghp_" + "a1B2c3D4e5" * 3 + "a1B2c3"
+    r = d.call("memory.check_write", {"cwd": str(repo), "path": str(team / "project" / "x.md"),
+                                      "content": secret})
+    assert r == {"allowed": False, "scope": "team",
+                 "rules": [{"id": "github-pat", "label": r["rules"][0]["label"]}]}
+    assert "ghp_" not in json.dumps(r)
+    ok = d.call("memory.check_write", {"cwd": str(repo), "path": str(team / "project" / "x.md"),
+                                       "content": "use the staging cluster for load tests"})
+    assert ok["allowed"] is True
+    # a dangling symlink elsewhere in the repo pointing into team memory is still team
+    decoy = repo / "notes.md"
+    os.symlink(team / "project" / "not-yet.md", decoy)
+    r = d.call("memory.check_write", {"cwd": str(repo), "path": str(decoy), "content": secret})
+    assert r["allowed"] is False and r["scope"] == "team"
+    private = d.call("memory.check_write", {"cwd": str(repo), "path": str(repo / "plain.md"),
+                                            "content": secret})
+    assert private["allowed"] is True and private["rules"] == []
+
+
+def test_forget_in_two_steps(daemon: SpawnedDaemon) -> None:
+    repo = repo_in(daemon.home)
+    a, b, c = _seed(daemon, repo)
+    project = a.parent.parent
+    index = project / "MEMORY.md"
+    cands = daemon.call("memory.forget_candidates", {"cwd": str(repo), "query": "tabs"})
+    assert [x["path"] for x in cands["candidates"]] == [str(b)]
+    assert b.exists()  # nothing removed yet
+    r = daemon.call("memory.forget", {"cwd": str(repo), "paths": [str(b)]})
+    assert r["removed"] == [str(b)] and not b.exists() and a.exists() and c.exists()
+    with pytest.raises(RemoteError) as exc:
+        daemon.call("memory.forget", {"cwd": str(repo), "paths": ["/etc/passwd"]})
+    assert exc.value.code == -32003
+    assert Path("/etc/passwd").exists()
+    assert str(b) not in [x["path"] for x in daemon.call("memory.list", {"cwd": str(repo)})["docs"]]
+    assert "tabs" not in (project.parent.parent.parent / "memories" / "MEMORY.md").read_text()
+    assert index.exists()
+
+
+def test_memory_section_in_the_system_prompt(daemon: SpawnedDaemon) -> None:
+    repo = repo_in(daemon.home)
+    text = daemon.call("prompt.system", {"cwd": str(repo)})["text"]
+    assert "# auto memory" in text and "MEMORY.md" in text
+    st = daemon.call("memory.status", {"cwd": str(repo)})
+    index = Path(st["roots"]["project"]) / "MEMORY.md"
+    index.write_text("- [Release freeze](project/release.md) — Thursdays at noon\n")
+    deadline = time.monotonic() + 3
+    while "Release freeze](project/release.md)" not in (
+            text := daemon.call("prompt.system", {"cwd": str(repo)})["text"]):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    sections = [s["name"] for s in daemon.call("prompt.system", {"cwd": str(repo)})["sections"]]
+    assert "memory" in sections
