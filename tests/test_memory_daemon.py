@@ -221,3 +221,18 @@ def test_memory_section_in_the_system_prompt(daemon: SpawnedDaemon) -> None:
         time.sleep(0.05)
     sections = [s["name"] for s in daemon.call("prompt.system", {"cwd": str(repo)})["sections"]]
     assert "memory" in sections
+
+
+def test_model_timeout_falls_back_within_the_timeout(spawn) -> None:  # type: ignore[no-untyped-def]
+    with ScriptedOpenAI() as stub:
+        d: SpawnedDaemon = spawn(env={**model_env(stub), "QWENCTXD_MODEL_TIMEOUT_S": "1"}).start()
+        repo = repo_in(d.home)
+        a, _, _ = _seed(d, repo)
+        stub.push(Reply(content=json.dumps({"selected_memories": [str(a)]})))
+        d.call("memory.recall", {"cwd": str(repo), "query": "warm up"})  # the openai import
+        stub.push(Reply(fault="slow", delay_s=5))
+        t0 = time.monotonic()
+        r = d.call("memory.recall", {"cwd": str(repo), "query": "release freeze"})
+        assert time.monotonic() - t0 < 3
+        assert r["strategy"] == "heuristic" and r["fell_back"] == "timeout"
+        assert r["docs"][0]["path"] == str(a)

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import structlog
 
-from qwenctxd.instructions.add_memory import atomic_write
+from qwenctxd.fsutil import atomic_write
 from qwenctxd.memory.paths import INDEX_FILENAME, Scope
 from qwenctxd.memory.store import (
     MemoryDoc,

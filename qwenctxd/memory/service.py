@@ -9,6 +9,7 @@ section of the system prompt, vets writes into team memory, and forgets in two s
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ import structlog
 
 from qwenctxd.config import ConfigStore
 from qwenctxd.events import EventBus
+from qwenctxd.fsutil import atomic_write
 from qwenctxd.memory import paths as mpaths
 from qwenctxd.memory import render, secrets, selector, store
 from qwenctxd.memory.index import rebuild_index
@@ -34,6 +36,7 @@ log = structlog.get_logger("qwenctxd.memory")
 MODEL_CANDIDATES = 200
 LEXICAL_CANDIDATES = 180
 FORGET_LIMIT = 5
+HITS_FILENAME = "recall-hits.json"
 MAX_FORGET_DELETIONS = 400
 
 
@@ -97,6 +100,7 @@ class MemoryService:
         proj = self._projects.setdefault(key, _Project(key=key, roots=roots, lexical=lexical))
         if proj.lexical is not lexical:
             await lexical.close()
+        await anyio.to_thread.run_sync(self._load_hits, proj)
         before = await anyio.to_thread.run_sync(_fingerprint, self._watch_dirs(proj))
         await self._refresh(proj)
         self._watch(proj, before)
@@ -200,8 +204,9 @@ class MemoryService:
                              and str(d.path) not in excluded), key=lambda d: -d.mtime)
             candidates = (ranked + recent)[:MODEL_CANDIDATES]
             try:
-                picked = await selector.select_for_recall(model, query, candidates,
-                                                          active_tools=active_tools, limit=limit)
+                picked = await selector.select_for_recall(
+                    model, query, candidates, active_tools=active_tools, limit=limit,
+                    timeout_s=min(selector.RECALL_TIMEOUT_S, model.endpoint.timeout_s))
                 chosen = [by_path[p] for p in picked if p in by_path]
                 strategy = "model"
             except ModelUnavailable as exc:
@@ -213,6 +218,8 @@ class MemoryService:
         chosen = [d for d in chosen if not render.is_tool_noise(d, aliases)][:limit]
         for d in chosen:
             self._hits[str(d.path)] = self._hits.get(str(d.path), 0) + 1
+        if chosen:
+            self._save_hits(proj)
         if not chosen:
             return RecallOutcome(strategy="none" if strategy == "heuristic" else strategy,
                                  docs=[], prompt="", scores=scores, fell_back=fell_back)
@@ -221,6 +228,38 @@ class MemoryService:
 
     def hits(self, path: str) -> int:
         return self._hits.get(path, 0)
+
+    def _hits_file(self, proj: _Project) -> Path | None:
+        return proj.roots.state / HITS_FILENAME if proj.roots.state is not None else None
+
+    def _load_hits(self, proj: _Project) -> None:
+        path = self._hits_file(proj)
+        if path is None:
+            return
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return
+        if isinstance(data, dict):
+            for k, v in data.items():
+                if isinstance(v, int):
+                    self._hits[k] = max(self._hits.get(k, 0), v)
+
+    def _save_hits(self, proj: _Project) -> None:
+        """Persist recall counts (for pruning and qwenctl) in a coalesced background write."""
+        path = self._hits_file(proj)
+        if path is None or not self._tasks.accepting:
+            return
+        prefixes = [str(r) for _, r in self._scoped_roots(proj.roots)]
+
+        async def write() -> None:
+            data = {k: v for k, v in self._hits.items()
+                    if any(k.startswith(p + os.sep) for p in prefixes)}
+            text = json.dumps(data, indent=2, sort_keys=True) + "\n"
+            await anyio.to_thread.run_sync(atomic_write, path, text)
+
+        self._tasks.submit("memory-hits", write, key=f"memory-hits:{proj.key}",
+                           project=str(proj.key))
 
     # -- the system prompt section --------------------------------------------------------------------
     def prompt_section(self, project_root: Path | None, cwd: Path) -> str:

@@ -34,7 +34,7 @@ from typing import Any
 import structlog
 
 from qwenctxd.frontmatter import parse as parse_frontmatter
-from qwenctxd.instructions.add_memory import atomic_write
+from qwenctxd.fsutil import atomic_write
 from qwenctxd.memory.paths import (
     CURSOR_FILENAME,
     INDEX_FILENAME,

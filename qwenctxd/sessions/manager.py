@@ -218,7 +218,7 @@ class SessionManager:
         s = self.get(session_id)
         text = await recap_mod.project_summary(self.model, list(s.messages))
         target = (s.project_root or s.cwd) / ".qwen" / PROJECT_SUMMARY_NAME
-        from qwenctxd.instructions.add_memory import atomic_write
+        from qwenctxd.fsutil import atomic_write
 
         await anyio.to_thread.run_sync(atomic_write, target, text.rstrip() + "\n")
         return wire.ProjectSummaryResult(path=str(target), text=text)
