@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from qwenctl import instructions_cmds, render, session_cmds, skills_cmds
+from qwenctl import instructions_cmds, memory_cmds, render, session_cmds, skills_cmds
 from qwenctl.daemon_link import (
     EXIT_DAEMON_ERROR,
     EXIT_OK,
@@ -136,6 +136,7 @@ COMMANDS: dict[str, Callable[[Ctx], int]] = {
     "instructions": instructions_cmds.cmd_instructions,
     "sessions": session_cmds.cmd_sessions,
     "skills": skills_cmds.cmd_skills,
+    "memory": memory_cmds.cmd_memory,
 }
 
 
@@ -182,6 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
     ins.add_argument("--cwd", help="working directory (default: the current one)")
     session_cmds.add_parser(sub, common)
     skills_cmds.add_parser(sub, common)
+    memory_cmds.add_parser(sub, common)
     return p
 
 

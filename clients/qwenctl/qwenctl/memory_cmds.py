@@ -1,0 +1,259 @@
+"""``qwenctl memory``: the auto memory a directory sees — list, recall, forget, status.
+
+``list`` (the default) shows every memory file of the directory's project, user and team
+scopes with its age and how often recall picked it. ``recall QUERY…`` runs the same selection a
+session turn runs (the model when one is configured, else lexical) and shows the documents it
+chose. ``forget QUERY…`` is two steps: the daemon proposes candidates (``memory.forget_candidates``),
+qwenctl prints them and asks before anything is deleted (``memory.forget``); without a terminal
+to ask on it needs ``--yes``. ``status`` shows the memory roots, counts, index size and the
+extract / dream bookkeeping.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import TYPE_CHECKING, Any
+
+from qwenctl import render
+from qwenctl.daemon_link import EXIT_DAEMON_ERROR, EXIT_OK, EXIT_USAGE
+
+if TYPE_CHECKING:
+    from qwenctl.cli import Ctx
+
+SUBCOMMANDS = ("list", "recall", "forget", "status")
+SCOPES = ("project", "user", "team")
+
+
+class BadPick(ValueError):
+    """A ``--pick`` selection that does not name the printed candidates."""
+
+
+# -- parser -----------------------------------------------------------------------------------
+def _cwd_option(p: argparse.ArgumentParser) -> None:
+    # SUPPRESS: `memory --cwd D` and `memory list --cwd D` land in the same attribute without
+    # the subparser's default overwriting the parent's value
+    p.add_argument("--cwd", metavar="DIR", default=argparse.SUPPRESS,
+                   help="working directory (default: the current one)")
+
+
+def _scope_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--scope", choices=SCOPES, default=argparse.SUPPRESS,
+                   help="only the memories of this scope")
+
+
+def _positive(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return n
+
+
+def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
+    """Register ``memory`` and its subcommands on the top-level subparsers ``sub``."""
+    m = sub.add_parser("memory", parents=[common],
+                       help="auto memory of a directory: list, recall, forget, status")
+    _cwd_option(m)
+    _scope_option(m)
+    ms = m.add_subparsers(dest="memory_command", metavar="SUBCOMMAND")
+    ls = ms.add_parser("list", parents=[common],
+                       help="memory files with scope, type, age and hits (the default)")
+    _cwd_option(ls)
+    _scope_option(ls)
+    rc = ms.add_parser("recall", parents=[common],
+                       help="which memories a turn with this text would recall")
+    rc.add_argument("query", nargs="+", metavar="QUERY", help="the text to recall for")
+    rc.add_argument("--show-prompt", action="store_true",
+                    help="also print the memory block the model would receive")
+    rc.add_argument("--tool", dest="tools", action="append", metavar="NAME",
+                    help="an active tool name (repeatable): memories about its usage are "
+                         "left out, as in a session")
+    _cwd_option(rc)
+    fg = ms.add_parser("forget", parents=[common],
+                       help="find the memories matching QUERY and delete them after asking")
+    fg.add_argument("query", nargs="+", metavar="QUERY", help="what to forget")
+    fg.add_argument("--yes", "-y", action="store_true",
+                    help="delete the (picked) candidates without asking")
+    fg.add_argument("--limit", type=_positive, default=None, metavar="N",
+                    help="at most N candidates (daemon default 5, at most 50)")
+    fg.add_argument("--pick", metavar="LIST", default=None,
+                    help="only these of the numbered candidates, e.g. 1,3 or 2-4")
+    _cwd_option(fg)
+    st = ms.add_parser("status", parents=[common],
+                       help="memory roots, counts, index size, last dream, extract cursor")
+    _cwd_option(st)
+
+
+# -- helpers ----------------------------------------------------------------------------------
+def _home() -> str | None:
+    home = os.path.expanduser("~")
+    return home if home != "~" else None
+
+
+def _cwd(ctx: Ctx) -> str:
+    cwd = getattr(ctx.args, "cwd", None)
+    return os.path.abspath(cwd) if cwd else os.getcwd()
+
+
+def _query(ctx: Ctx) -> str:
+    return " ".join(ctx.args.query).strip()
+
+
+def _err(text: str) -> None:
+    sys.stderr.write(f"qwenctl: {text}\n")
+
+
+def _fail(ctx: Ctx, message: str, code: int = EXIT_DAEMON_ERROR, **data: Any) -> int:
+    from qwenctl.cli import emit_json
+
+    _err(message)
+    if ctx.args.json:
+        emit_json({"error": {"code": None, "message": message, "data": data or None}})
+    return code
+
+
+def parse_pick(text: str, count: int) -> list[int]:
+    """``"1,3"`` / ``"2-4"`` / ``"1 3"`` as sorted, distinct 0-based indexes into ``count``
+    candidates; :class:`BadPick` when a part is not a number or out of range."""
+    chosen: set[int] = set()
+    parts = [p for p in text.replace(",", " ").split() if p]
+    if not parts:
+        raise BadPick("--pick names no candidate")
+    for part in parts:
+        lo_s, sep, hi_s = part.partition("-")
+        try:
+            lo = int(lo_s)
+            hi = int(hi_s) if sep else lo
+        except ValueError:
+            raise BadPick(f"--pick: {part!r} is not a number or a range like 2-4") from None
+        if lo > hi:
+            lo, hi = hi, lo
+        if lo < 1 or hi > count:
+            raise BadPick(f"--pick: {part!r} is out of range (candidates are 1-{count})")
+        chosen.update(range(lo - 1, hi))
+    return sorted(chosen)
+
+
+def _plural(n: int) -> str:
+    return "memory" if n == 1 else "memories"
+
+
+# -- commands ---------------------------------------------------------------------------------
+def cmd_memory(ctx: Ctx) -> int:
+    sub = getattr(ctx.args, "memory_command", None) or "list"
+    return _COMMANDS[sub](ctx)
+
+
+def cmd_list(ctx: Ctx) -> int:
+    from qwenctl.cli import emit_json
+
+    cwd = _cwd(ctx)
+    params: dict[str, Any] = {"cwd": cwd}
+    scope = getattr(ctx.args, "scope", None)
+    if scope:
+        params["scope"] = scope
+    res = ctx.call("memory.list", params)
+    if ctx.args.json:
+        emit_json(res)
+    else:
+        render.memory_list_report(res, cwd=cwd, scope=scope, home=_home(), stream=sys.stdout)
+    return EXIT_OK  # problems are information, not a failure
+
+
+def cmd_recall(ctx: Ctx) -> int:
+    from qwenctl.cli import emit_json
+
+    cwd = _cwd(ctx)
+    query = _query(ctx)
+    if not query:
+        return _fail(ctx, "the query is empty", EXIT_USAGE)
+    params: dict[str, Any] = {"cwd": cwd, "query": query}
+    if ctx.args.tools:
+        params["active_tools"] = list(ctx.args.tools)
+    res = ctx.call("memory.recall", params)
+    if ctx.args.json:
+        emit_json(res)
+    else:
+        render.memory_recall_report(res, home=_home(), show_prompt=ctx.args.show_prompt,
+                                    stream=sys.stdout)
+    return EXIT_OK
+
+
+def _confirm(n: int) -> bool:
+    what = "this memory" if n == 1 else f"these {n} memories"
+    sys.stderr.write(f"forget {what}? [y/N] ")
+    sys.stderr.flush()
+    return sys.stdin.readline().strip().lower() in ("y", "yes")
+
+
+def cmd_forget(ctx: Ctx) -> int:
+    from qwenctl.cli import emit_json
+
+    a = ctx.args
+    cwd = _cwd(ctx)
+    home = _home()
+    query = _query(ctx)
+    if not query:
+        return _fail(ctx, "the query is empty", EXIT_USAGE)
+    params: dict[str, Any] = {"cwd": cwd, "query": query}
+    if a.limit is not None:
+        params["limit"] = a.limit
+    candidates = ctx.call("memory.forget_candidates", params)["candidates"]
+    if not candidates:
+        if a.json:
+            emit_json({"candidates": [], "selected": [], "removed": []})
+        else:
+            sys.stdout.write(f"nothing matches {query!r}\n")
+        return EXIT_OK
+    if not a.json:
+        render.memory_candidates(candidates, query=query, home=home, stream=sys.stdout)
+        sys.stdout.flush()
+    selected = candidates
+    if a.pick is not None:
+        try:
+            selected = [candidates[i] for i in parse_pick(a.pick, len(candidates))]
+        except BadPick as exc:
+            return _fail(ctx, f"{exc}; nothing forgotten", EXIT_USAGE,
+                         candidates=candidates)
+    paths = [c["path"] for c in selected]
+    if not a.yes:
+        if not sys.stdin.isatty():
+            return _fail(ctx, f"refusing to forget {len(paths)} {_plural(len(paths))} without "
+                              "--yes (stdin is not a terminal to ask on); nothing forgotten",
+                         candidates=candidates, selected=paths)
+        if not _confirm(len(paths)):
+            return _fail(ctx, "nothing forgotten", selected=paths)
+    removed = ctx.call("memory.forget", {"cwd": cwd, "paths": paths})["removed"]
+    missing = [p for p in paths if p not in set(removed)]
+    if a.json:
+        emit_json({"candidates": candidates, "selected": paths, "removed": removed})
+    else:
+        for p in removed:
+            sys.stdout.write(f"forgot {p}\n")
+    for p in missing:
+        _err(f"{p} was not removed (already gone?)")
+    return EXIT_DAEMON_ERROR if missing else EXIT_OK
+
+
+def cmd_status(ctx: Ctx) -> int:
+    from qwenctl.cli import emit_json
+
+    cwd = _cwd(ctx)
+    res = ctx.call("memory.status", {"cwd": cwd})
+    if ctx.args.json:
+        emit_json(res)
+    else:
+        render.memory_status_report(res, cwd=cwd, home=_home(), stream=sys.stdout)
+    return EXIT_OK
+
+
+_COMMANDS = {
+    "list": cmd_list,
+    "recall": cmd_recall,
+    "forget": cmd_forget,
+    "status": cmd_status,
+}
