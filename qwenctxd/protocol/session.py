@@ -148,3 +148,22 @@ class ProjectSummaryResult(msgspec.Struct, kw_only=True):
 
 class DeleteResult(msgspec.Struct, kw_only=True):
     deleted: bool
+
+
+# -- session.context --------------------------------------------------------------------------
+class ContextPart(msgspec.Struct, kw_only=True):
+    name: str
+    tokens: int
+    pct: float  # of the window, 0–100
+
+
+class ContextResult(msgspec.Struct, kw_only=True):
+    session_id: str
+    window_tokens: int
+    prompt_tokens: int
+    anchored: bool
+    thresholds: Thresholds
+    level: Literal["ok", "warn", "auto", "hard"]
+    parts: list[ContextPart]
+    free_tokens: int
+    free_pct: float

@@ -14,7 +14,14 @@ from typing import Any
 
 import msgspec
 
-from qwenctl import instructions_cmds, memory_cmds, render, session_cmds, skills_cmds
+from qwenctl import (
+    context_cmds,
+    instructions_cmds,
+    memory_cmds,
+    render,
+    session_cmds,
+    skills_cmds,
+)
 from qwenctl.daemon_link import (
     EXIT_DAEMON_ERROR,
     EXIT_OK,
@@ -137,6 +144,7 @@ COMMANDS: dict[str, Callable[[Ctx], int]] = {
     "sessions": session_cmds.cmd_sessions,
     "skills": skills_cmds.cmd_skills,
     "memory": memory_cmds.cmd_memory,
+    "context": context_cmds.cmd_context,
 }
 
 
@@ -184,6 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
     session_cmds.add_parser(sub, common)
     skills_cmds.add_parser(sub, common)
     memory_cmds.add_parser(sub, common)
+    context_cmds.add_parser(sub, common)
     return p
 
 

@@ -60,6 +60,22 @@ def register(daemon: Daemon) -> None:
     async def delete(ctx: Connection, p: wire.SessionIdParams) -> wire.DeleteResult:
         return await manager.delete(p.session_id)
 
+    async def context(ctx: Connection, p: wire.SessionIdParams) -> wire.ContextResult:
+        from qwenctxd.sessions.context import context_report
+
+        s = manager.get(p.session_id)
+        async with s.lock:
+            sp = await manager.instructions.system_prompt(s.cwd, model=s.model, env=s.env)
+            r = context_report(s, sp, s.tools)
+        return wire.ContextResult(
+            session_id=r.session_id, window_tokens=r.window_tokens,
+            prompt_tokens=r.prompt_tokens, anchored=r.anchored,
+            thresholds=wire.Thresholds(warn=r.thresholds.warn, auto=r.thresholds.auto,
+                                       hard=r.thresholds.hard),
+            level=r.level,  # type: ignore[arg-type]
+            parts=[wire.ContextPart(name=x.name, tokens=x.tokens, pct=x.pct) for x in r.parts],
+            free_tokens=r.free_tokens, free_pct=r.free_pct)
+
     async def close(ctx: Connection, p: wire.SessionIdParams) -> dwire.OkResult:
         await manager.close(p.session_id)
         return dwire.OkResult()
@@ -74,6 +90,7 @@ def register(daemon: Daemon) -> None:
         MethodSpec("session.project_summary", wire.SessionIdParams, project_summary),
         MethodSpec("session.delete", wire.SessionIdParams, delete),
         MethodSpec("session.close", wire.SessionIdParams, close),
+        MethodSpec("session.context", wire.SessionIdParams, context),
     ):
         daemon.dispatcher.register(spec)
 

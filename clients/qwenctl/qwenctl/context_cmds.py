@@ -1,0 +1,53 @@
+"""``qwenctl context SESSION``: a picture of one session's context window.
+
+One bar the width of the terminal (80 columns when piped) split into the parts
+``session.context`` reports — system prompt base, instructions, memory, other system text,
+tools, skill listings, other reminders, user / assistant messages, tool results — with the
+free space as the remainder, the warn / auto / hard thresholds marked under it, and a table
+of the numbers. Coloured on a terminal; one letter per part and a legend when piped;
+``--json`` prints the daemon's result.
+
+The session is named by its id or a unique prefix of one (as ``qwenctl sessions show``). A
+session that is not open in the daemon is resumed for the call and closed again (as
+``sessions recap`` does); such a session is counted without the client's own tool
+declarations, which only the client knows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import TYPE_CHECKING, Any
+
+from qwenctl import render, session_cmds
+from qwenctl.daemon_link import EXIT_OK
+
+if TYPE_CHECKING:
+    from qwenctl.cli import Ctx
+
+
+def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
+    """Register ``context`` on the top-level subparsers ``sub``."""
+    c = sub.add_parser("context", parents=[common],
+                       help="a picture of one session's context window, part by part")
+    c.add_argument("session", metavar="SESSION", help="session id or a unique prefix of one")
+    c.add_argument("--width", type=int, default=None,
+                   help="bar width in columns (default: the terminal's, 80 when piped)")
+
+
+def cmd_context(ctx: Ctx) -> int:
+    from qwenctl.cli import emit_json
+
+    try:
+        row = session_cmds.resolve(ctx.call("session.list", {})["sessions"], ctx.args.session)
+    except session_cmds.Resolve as exc:
+        return session_cmds._fail(ctx, str(exc), matches=exc.matches)  # noqa: SLF001
+    res = session_cmds._with_open_session(ctx, row, "session.context")  # noqa: SLF001
+    if ctx.args.json:
+        emit_json(res)
+        return EXIT_OK
+    if not row.get("open"):
+        sys.stderr.write("qwenctl: note: the session was not open; it was resumed for this "
+                         "picture, without the client's tool declarations\n")
+    render.context_report(res, stream=sys.stdout, width=ctx.args.width)
+    return EXIT_OK
