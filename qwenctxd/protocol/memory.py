@@ -108,3 +108,30 @@ class StatusResult(msgspec.Struct, kw_only=True):
     sessions_since_dream: int | None
     lock: dict[str, Any] | None
     problems: list[dict[str, str]] = msgspec.field(default_factory=list)
+
+
+class ExtractParams(Params):
+    session_id: str
+
+
+class ScheduledResult(msgspec.Struct, kw_only=True):
+    scheduled: bool
+    reason: str | None = None
+    skipped_reason: str | None = None
+
+
+class LogParams(Params):
+    limit: int = 50
+
+
+class LogResult(msgspec.Struct, kw_only=True):
+    entries: list[dict[str, Any]]
+
+
+class UndoParams(Params):
+    id: str
+
+
+class UndoResult(msgspec.Struct, kw_only=True):
+    restored: str
+    action: str

@@ -22,6 +22,8 @@ import anyio
 import structlog
 
 from qwenctxd import PROTOCOL_VERSION, __version__
+from qwenctxd.agents.audit import AuditLog
+from qwenctxd.agents.extraction import Extractor, ExtractRequest
 from qwenctxd.config import ConfigStore
 from qwenctxd.config.schema import Settings
 from qwenctxd.events import EventBus
@@ -82,6 +84,9 @@ class Daemon:
             skills=self.skills, memory=self.memory,
         )
         self.turns = TurnPipeline(self.sessions)
+        self.audit = AuditLog(state_dir())
+        self.extractor = Extractor(self.memory, self.audit, self.tasks, lambda: self.model)
+        self.sessions.turn_complete_hooks = [self._schedule_extraction]
         self.status_contributors.append(self._sessions_status)
         self.dispatcher = Dispatcher(is_stopping=lambda: self.state != "serving")
         self.in_flight_requests = 0
@@ -194,6 +199,14 @@ class Daemon:
         self.in_flight_requests -= 1
         if not self.in_flight_requests:
             self._requests_idle.set()
+
+    def _schedule_extraction(self, session: Any) -> list[str]:
+        """After a completed user-query turn: queue extraction for the session's project."""
+        req = ExtractRequest(session_id=session.id, cwd=session.cwd,
+                             history=list(session.messages),
+                             wrote_memory=session.memory_written_this_turn)
+        scheduled, _reason = self.extractor.schedule(req)
+        return ["extract"] if scheduled else []
 
     async def _warm_model(self) -> None:
         try:

@@ -391,6 +391,12 @@ class TurnPipeline:
                 c.setdefault("type", "function")
             if not calls and not msg.get("content"):
                 msg["content"] = ""
+            if calls and self.m.memory is not None:
+                from qwenctxd.agents.extraction import wrote_memory
+
+                roots = self.m.memory.roots(s.cwd)
+                if wrote_memory(msg, [r for r in (roots.project, roots.user) if r]):
+                    s.memory_written_this_turn = True
             s.append(msg)
             usage = None
             if p.usage is not None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from typing import TYPE_CHECKING, Any
 
 from qwenctl import render
@@ -86,6 +87,13 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     st = ms.add_parser("status", parents=[common],
                        help="memory roots, counts, index size, last dream, extract cursor")
     _cwd_option(st)
+    lg = ms.add_parser("log", parents=[common],
+                       help="what background agents created, edited or deleted")
+    lg.add_argument("--limit", type=_positive, default=30, metavar="N",
+                    help="the last N entries (default 30)")
+    ud = ms.add_parser("undo", parents=[common],
+                       help="restore the content before a logged change (see `memory log`)")
+    ud.add_argument("id", metavar="ID", help="the entry id from `qwenctl memory log`")
 
 
 # -- helpers ----------------------------------------------------------------------------------
@@ -251,7 +259,42 @@ def cmd_status(ctx: Ctx) -> int:
     return EXIT_OK
 
 
+def cmd_log(ctx: Ctx) -> int:
+    from qwenctl.cli import emit_json
+
+    res = ctx.call("memory.log", {"limit": ctx.args.limit})
+    if ctx.args.json:
+        emit_json(res)
+        return EXIT_OK
+    entries = res["entries"]
+    if not entries:
+        sys.stdout.write("no background changes recorded\n")
+        return EXIT_OK
+    rows = []
+    for e in reversed(entries):  # newest first
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e["time"]))
+        target = f"undoes {e['undoes']}" if e.get("undoes") else render.short_path(
+            e["path"], cwd=os.getcwd(), home=_home())
+        rows.append((e["id"], when, e["agent"], e["action"], target))
+    render.table(f"background changes (last {len(entries)})", rows,
+                 ("id", "time", "agent", "action", "path"))
+    return EXIT_OK
+
+
+def cmd_undo(ctx: Ctx) -> int:
+    from qwenctl.cli import emit_json
+
+    res = ctx.call("memory.undo", {"id": ctx.args.id})
+    if ctx.args.json:
+        emit_json(res)
+    else:
+        sys.stdout.write(f"restored {res['restored']} (undid a {res['action']})\n")
+    return EXIT_OK
+
+
 _COMMANDS = {
+    "log": cmd_log,
+    "undo": cmd_undo,
     "list": cmd_list,
     "recall": cmd_recall,
     "forget": cmd_forget,

@@ -68,7 +68,44 @@ def register(daemon: Daemon) -> None:
         cwd = checked_cwd(p.cwd)
         return wire.StatusResult(**await service.status(cwd))
 
+    async def extract(ctx: Connection, p: wire.ExtractParams) -> wire.ScheduledResult:
+        from qwenctxd.agents.extraction import ExtractRequest
+
+        s = daemon.sessions.get(p.session_id)
+        req = ExtractRequest(session_id=s.id, cwd=s.cwd, history=list(s.messages),
+                             wrote_memory=s.memory_written_this_turn)
+        scheduled, reason = daemon.extractor.schedule(req)
+        return wire.ScheduledResult(scheduled=scheduled, reason=reason, skipped_reason=reason)
+
+    async def log(ctx: Connection, p: wire.LogParams) -> wire.LogResult:
+        import anyio
+
+        entries = await anyio.to_thread.run_sync(daemon.audit.as_dicts, max(1, p.limit))
+        return wire.LogResult(entries=entries)
+
+    async def undo(ctx: Connection, p: wire.UndoParams) -> wire.UndoResult:
+        import anyio
+
+        try:
+            entry = await anyio.to_thread.run_sync(daemon.audit.undo, p.id)
+        except KeyError:
+            raise errors.InvalidParams(f"no audit entry {p.id}",
+                                       data={"field": "id", "message": "unknown entry"}) from None
+        except ValueError as exc:
+            raise errors.InvalidParams(str(exc), data={"field": "id", "message": str(exc)}
+                                       ) from None
+        from qwenctxd.memory.index import rebuild_index
+
+        root = Path(entry.path).parent.parent  # <memory root>/<type>/<file>.md
+        if (root / "MEMORY.md").exists():
+            scope = "user" if root.name == "memories" else "project"
+            await anyio.to_thread.run_sync(rebuild_index, root, scope)
+        return wire.UndoResult(restored=entry.path, action=entry.action)
+
     for spec in (
+        MethodSpec("memory.extract", wire.ExtractParams, extract),
+        MethodSpec("memory.log", wire.LogParams, log),
+        MethodSpec("memory.undo", wire.UndoParams, undo),
         MethodSpec("memory.list", wire.ListParams, list_),
         MethodSpec("memory.recall", wire.RecallParams, recall),
         MethodSpec("memory.forget_candidates", wire.ForgetCandidatesParams, forget_candidates),

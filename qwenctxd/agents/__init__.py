@@ -1,0 +1,1 @@
+"""Background agents: forked-agent runner, tools, permission scope, extraction, audit log."""

@@ -1,0 +1,238 @@
+"""Extraction: after a user-query turn, a background agent saves what is durable.
+
+Gates, in order: memory disabled → ``disabled``; no model → ``no_model``; the main agent
+itself wrote memory this turn → ``memory_tool``; no new non-empty user message since the
+project's cursor → ``no_new_messages``. Runs are jobs keyed per project in the task registry:
+one runs and one waits, a newer request replacing the waiting one. The agent works on a copy
+of the session's history with read tools, read-only shell and writes scoped to the project and
+user memory roots (team never), every write audited. Afterwards the touched topics are derived
+from the written paths, meta.json records the run, the project index is rebuilt (a failure
+keeps the cursor so the next run retries) and the user index too (a failure only warns); the
+cursor moves to the end of the history. A cancelled run writes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import structlog
+
+from qwenctxd.agents.audit import AuditLog
+from qwenctxd.agents.permissions import MemoryWriteScope
+from qwenctxd.agents.runner import AgentOutcome, AgentSpec, run_agent
+from qwenctxd.agents.tools import ToolContext
+from qwenctxd.memory import store
+from qwenctxd.memory.index import rebuild_index
+from qwenctxd.memory.service import MemoryService
+from qwenctxd.model import ModelClient
+from qwenctxd.tasks import TaskRegistry
+
+log = structlog.get_logger("qwenctxd.extract")
+WRITE_TOOLS = {"write_file", "edit", "replace", "create_file"}
+PATH_ARGS = ("file_path", "path", "target_file")
+MAX_TOPIC_SUMMARY = 280
+
+SYSTEM = """\
+You are a background memory extractor for an AI coding assistant. You read the conversation \
+above and save only what will still be useful in a LATER conversation: durable facts the user \
+stated about themselves, their preferences and rules for how to work, decisions and facts \
+about the project that are not in the code, and pointers to outside resources. Ignore \
+questions, speculation, temporary task details and anything you could learn by reading the \
+repository. Do not investigate the repository or git history. If nothing durable was said, \
+make no changes at all — that is the usual outcome."""
+
+TASK = """\
+Memory directories (write only inside these):
+- project memory: {project}
+- user memory: {user}
+
+Each memory is one markdown file under a type folder (user/, feedback/, project/, reference/) \
+with frontmatter:
+---
+name: <short title>
+description: <one specific line, used later to judge relevance>
+type: <user | feedback | project | reference>
+---
+<the memory; for feedback and project: the rule or fact, then **Why:** and **How to apply:**>
+
+user and feedback memories go to the user directory unless they are this project's \
+conventions; project and reference memories go to the project directory. Update an existing \
+file rather than adding a near-duplicate, and add or fix one line for each new file in the \
+MEMORY.md of the same directory: `- [Title](type/file.md) — short hook`.
+
+First issue every read you need in parallel, then all writes and edits in parallel.
+
+Existing memory files:
+{existing}"""
+
+
+@dataclass
+class ExtractRequest:
+    session_id: str
+    cwd: Path
+    history: list[dict[str, Any]]
+    wrote_memory: bool = False
+
+
+@dataclass
+class ExtractResult:
+    status: str  # skipped | completed | noop | failed | cancelled
+    reason: str | None = None
+    files: list[str] = field(default_factory=list)
+    topics: list[str] = field(default_factory=list)
+
+
+def user_texts(history: Sequence[dict[str, Any]]) -> list[tuple[int, str]]:
+    """(index, text) of user messages with non-empty text (reminders excluded)."""
+    out = []
+    for i, m in enumerate(history):
+        if m.get("role") != "user":
+            continue
+        c = m.get("content")
+        parts = [c] if isinstance(c, str) else [p.get("text", "") for p in c or []
+                                                  if isinstance(p, dict) and p.get("type") == "text"]
+        text = " ".join(p for p in parts if not p.lstrip().startswith("<system-reminder>"))
+        if text.strip():
+            out.append((i, " ".join(text.split())))
+    return out
+
+
+def wrote_memory(message: dict[str, Any], roots: Sequence[Path]) -> bool:
+    """Whether an assistant message calls a write tool on a path inside a memory root."""
+    import json
+
+    for call in message.get("tool_calls") or []:
+        fn = call.get("function") or {}
+        if fn.get("name") not in WRITE_TOOLS:
+            continue
+        try:
+            args = json.loads(fn.get("arguments") or "{}")
+        except ValueError:
+            continue
+        for key in PATH_ARGS:
+            raw = args.get(key) if isinstance(args, dict) else None
+            if isinstance(raw, str) and any(str(Path(raw)).startswith(str(r) + "/")
+                                            for r in roots):
+                return True
+    return False
+
+
+class Extractor:
+    def __init__(self, memory: MemoryService, audit: AuditLog, tasks: TaskRegistry,
+                 model: Callable[[], ModelClient]) -> None:
+        self.memory = memory
+        self.audit = audit
+        self.tasks = tasks
+        self._model = model
+        self.last: dict[str, ExtractResult] = {}
+
+    def start_offset(self, state: Path | None, session_id: str, history_len: int) -> int:
+        if state is None:
+            return 0
+        cursor = store.read_cursor(state)
+        if cursor.get("sessionId") != session_id:
+            return 0
+        offset = int(cursor.get("processedOffset") or 0)
+        return 0 if offset > history_len else offset  # a compression shortened the history
+
+    def gate(self, req: ExtractRequest) -> str | None:
+        root = self.memory._project_root(req.cwd)
+        if not self.memory.enabled(root):
+            return "disabled"
+        if not self._model().configured:
+            return "no_model"
+        if req.wrote_memory:
+            return "memory_tool"
+        roots = self.memory.roots(req.cwd)
+        start = self.start_offset(roots.state, req.session_id, len(req.history))
+        if not [t for i, t in user_texts(req.history) if i >= start]:
+            return "no_new_messages"
+        return None
+
+    def schedule(self, req: ExtractRequest) -> tuple[bool, str | None]:
+        """Queue an extraction for the request's project; (scheduled, skipped_reason)."""
+        reason = self.gate(req)
+        if reason is not None:
+            self.last[str(req.cwd)] = ExtractResult(status="skipped", reason=reason)
+            return False, reason
+        if not self.tasks.accepting:
+            return False, "shutting_down"
+        key_root = self.memory._project_root(req.cwd) or req.cwd
+        self.tasks.submit("extract", lambda: self.run(req), key=f"extract:{key_root}",
+                          project=str(key_root), description=f"session {req.session_id[:8]}")
+        return True, None
+
+    async def run(self, req: ExtractRequest) -> ExtractResult:
+        reason = self.gate(req)  # the cursor may have moved while this run waited
+        if reason is not None:
+            return self._done(req, ExtractResult(status="skipped", reason=reason))
+        proj = await self.memory.project(req.cwd)
+        roots = proj.roots
+        writable = [r for r in (roots.project, roots.user) if r is not None]
+        ctx = ToolContext(cwd=req.cwd, scope=MemoryWriteScope(writable_roots=writable,
+                                                              team_root=roots.team),
+                          audit=self.audit, agent="extraction", session=req.session_id)
+        existing = "\n".join(
+            f"- [{d.name}]({d.relative_path}) — {d.description}\n  scope={d.scope} "
+            f"topic={d.type} path={d.path}\n  current={' '.join(d.body.split())[:MAX_TOPIC_SUMMARY]}"
+            for d in proj.docs if d.scope in ("project", "user")) or "(none yet)"
+        settings = self.memory._config.for_project(self.memory._project_root(req.cwd)) \
+            if self.memory._project_root(req.cwd) else self.memory._config.global_settings
+        minutes = settings.memory.agent_timeout_minutes
+        spec = AgentSpec(name="memory-extractor", system=SYSTEM,
+                         task=TASK.format(project=roots.project, user=roots.user,
+                                          existing=existing),
+                         tools=["read_file", "grep_search", "glob", "list_directory",
+                                "run_shell_command", "write_file", "edit"],
+                         max_turns=5, max_time_s=(minutes * 60) if minutes else 120.0)
+        try:
+            outcome: AgentOutcome = await run_agent(self._model(), spec, ctx, req.history)
+        except anyio.get_cancelled_exc_class():
+            self.last[str(req.cwd)] = ExtractResult(status="cancelled")
+            log.info("extraction cancelled", session=req.session_id)
+            raise
+        if outcome.status in ("failed", "timed_out"):
+            return self._done(req, ExtractResult(status="failed", reason=outcome.error
+                                                 or outcome.status, files=outcome.files_written))
+        scope = ctx.scope
+        topics = sorted({t for f in outcome.files_written if (t := scope.touched_topic(f))})
+        result = ExtractResult(status="completed" if outcome.files_written else "noop",
+                               files=outcome.files_written, topics=topics)
+        keep_cursor = False
+
+        def after() -> bool:
+            nonlocal keep_cursor
+            if roots.state is not None:
+                store.write_meta(roots.state, lastExtractionAt=store.now_iso(),
+                                 lastExtractionSessionId=req.session_id,
+                                 lastExtractionTouchedTopics=topics,
+                                 lastExtractionStatus="updated" if topics else "noop")
+            if outcome.files_written:
+                if roots.project is not None:
+                    try:
+                        rebuild_index(roots.project, "project")
+                    except Exception:
+                        log.exception("project index rebuild failed; cursor kept for a retry")
+                        keep_cursor = True
+                try:
+                    rebuild_index(roots.user, "user")
+                except Exception:
+                    log.warning("user index rebuild failed", exc_info=True)
+            if not keep_cursor and roots.state is not None:
+                store.write_cursor(roots.state, req.session_id, len(req.history))
+            return keep_cursor
+
+        await anyio.to_thread.run_sync(after)
+        if keep_cursor:
+            result.reason = "index_rebuild_failed"
+        return self._done(req, result)
+
+    def _done(self, req: ExtractRequest, result: ExtractResult) -> ExtractResult:
+        self.last[str(req.cwd)] = result
+        log.info("extraction", session=req.session_id, status=result.status,
+                 reason=result.reason, files=len(result.files), topics=result.topics)
+        return result

@@ -1,0 +1,671 @@
+"""Follow-up speculation (§8): run the suggested next user message ahead of time, in a sandbox.
+
+When a client shows a suggested follow-up ("add tests for it"), ``speculation.start`` forks
+an agent over a copy of the session history with the suggestion as the user's message. The
+agent's file changes go into a copy-on-write :class:`~qwenctxd.agents.overlay.OverlayFS`:
+writes land in the overlay, reads see the overlay first, writes outside the project are
+refused (the model reads the refusal as the tool result). When the user accepts, the overlay
+is copied back and the produced messages (assistant + tool, reasoning dropped) are returned
+for appending to the session; when the user types something else, abort cancels the agent and
+removes the overlay, leaving the project byte-identical.
+
+Tool gate (as upstream's ``speculationToolGate``):
+
+* ``read_file``, ``list_directory``, ``glob``, ``grep_search`` — run, reading overlay-first
+  (merged directory listings, deleted files hidden, files created in the overlay visible);
+* ``write_file``, ``edit`` — redirected into the overlay (``allow_writes=False`` — upstream's
+  approval modes other than auto-edit/yolo — makes them a boundary instead);
+* ``run_shell_command`` — only when the tree-sitter classifier proves the command read-only;
+  it runs in the REAL working directory (safe: it cannot write), so it does not see overlay
+  changes — its result says so and lists the changed paths when there are any;
+* anything else (unknown, MCP, agent, memory, web...) is a *boundary*: the speculation stops
+  there and the unexecuted calls are stripped from the assistant message, so the messages stay
+  a valid conversation (every tool call answered).
+
+Limits: 20 model turns and 100 produced messages (whichever comes first; a reply whose calls
+would overflow the message cap is trimmed), plus a wall-clock budget. Accepting a speculation
+that is still running stops it at the next safe point (an in-flight model call is cancelled,
+an in-flight tool batch finishes) and accepts what is done.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import re
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import structlog
+from wcmatch import glob as wglob
+
+from qwenctxd.agents.overlay import OverlayClosed, OverlayFS
+from qwenctxd.agents.permissions import shell_verdict
+from qwenctxd.agents.runner import fork_history
+from qwenctxd.agents.tools import (
+    DECLARATIONS,
+    MAX_GLOB_RESULTS,
+    MAX_GREP_MATCHES,
+    MAX_READ_BYTES,
+    SHELL_TIMEOUT_S,
+    SKIP_DIRS,
+    cap,
+)
+from qwenctxd.model import ModelClient
+from qwenctxd.protocol.errors import InvalidParams, ModelUnavailable, PathOutsideProject
+
+__all__ = [
+    "MAX_SPECULATION_MESSAGES",
+    "MAX_SPECULATION_TURNS",
+    "AcceptResult",
+    "OverlayToolContext",
+    "Speculation",
+    "SpeculationManager",
+    "call_overlay_tool",
+]
+
+log = structlog.get_logger("qwenctxd.speculation")
+
+MAX_SPECULATION_TURNS = 20
+MAX_SPECULATION_MESSAGES = 100
+DEFAULT_MAX_TIME_S = 300.0
+ACCEPT_STOP_TIMEOUT_S = 30.0
+READ_TOOLS = ("read_file", "list_directory", "glob", "grep_search")
+WRITE_TOOLS = ("write_file", "edit")
+SHELL_TOOL = "run_shell_command"
+_THINK = re.compile(r"^\s*<think>.*?</think>\s*", re.DOTALL)
+
+SYSTEM = """\
+You are an AI coding assistant working in the project at {project} (working directory \
+{cwd}). Continue the conversation: carry out the user's latest request directly, using the \
+tools to read and change files (absolute paths). Keep the final answer short."""
+
+
+# -- overlay-aware tools ----------------------------------------------------------------------
+@dataclass
+class OverlayToolContext:
+    """What the tools of one speculation may touch: reads overlay-first, writes to the overlay,
+    read-only shell in the real ``cwd``."""
+
+    cwd: Path
+    overlay: OverlayFS
+    allow_shell: bool = True
+    files_written: list[str] = field(default_factory=list)
+    reads: int = 0
+
+
+def _abs(ctx: OverlayToolContext, raw: Any, key: str) -> Path:
+    if not isinstance(raw, str) or not raw:
+        raise ValueError(f"{key} is required")
+    p = Path(raw)
+    return Path(os.path.normpath(p if p.is_absolute() else ctx.cwd / p))
+
+
+async def read_file(ctx: OverlayToolContext, args: dict[str, Any]) -> str:
+    path = _abs(ctx, args.get("file_path"), "file_path")
+
+    def run() -> str:
+        src = ctx.overlay.resolve_read(path)
+        try:
+            with open(src, "rb") as f:
+                data = f.read(MAX_READ_BYTES + 1)
+        except FileNotFoundError:
+            raise FileNotFoundError(f"No such file or directory: {path}") from None
+        text = data[:MAX_READ_BYTES].decode("utf-8", errors="replace")
+        lines = text.splitlines()
+        off = max(1, int(args.get("offset") or 1))
+        lim = int(args.get("limit") or 2000)
+        return "\n".join(lines[off - 1: off - 1 + lim])
+
+    ctx.reads += 1
+    return cap(await anyio.to_thread.run_sync(run))
+
+
+async def list_directory(ctx: OverlayToolContext, args: dict[str, Any]) -> str:
+    path = _abs(ctx, args.get("path"), "path")
+
+    def run() -> str:
+        entries = ctx.overlay.listdir(path)
+        return "\n".join(n + ("/" if d else "") for n, d in entries) or "(empty)"
+
+    return cap(await anyio.to_thread.run_sync(run))
+
+
+def _overlay_files_under(ctx: OverlayToolContext, root: Path) -> list[tuple[str, Path]]:
+    """(path relative to ``root``, overlay file) of the files written under ``root``."""
+    key = ctx.overlay.rel(root)
+    if key is None:
+        return []
+    prefix = f"{key}/" if key else ""
+    return [(k[len(prefix):], ov) for k, ov in ctx.overlay.iter_overlay_files(key)
+            if k.startswith(prefix)]
+
+
+async def glob(ctx: OverlayToolContext, args: dict[str, Any]) -> str:
+    pattern = args.get("pattern")
+    if not isinstance(pattern, str) or not pattern:
+        raise ValueError("pattern is required")
+    root = _abs(ctx, args.get("path") or str(ctx.cwd), "path")
+
+    def run() -> str:
+        flags = wglob.GLOBSTAR | wglob.BRACE | wglob.DOTGLOB
+        found: dict[str, None] = {}
+        for rel, _ov in _overlay_files_under(ctx, root):
+            if wglob.globmatch(rel, pattern, flags=flags):
+                found[str(root / rel)] = None
+        if root.is_dir():
+            for m in wglob.iglob(pattern, root_dir=str(root), flags=flags):
+                p = root / m
+                if not ctx.overlay.is_deleted(p):
+                    found[str(p)] = None
+                if len(found) >= MAX_GLOB_RESULTS:
+                    break
+        return "\n".join(sorted(found)[:MAX_GLOB_RESULTS]) or "(no matches)"
+
+    return cap(await anyio.to_thread.run_sync(run))
+
+
+async def grep_search(ctx: OverlayToolContext, args: dict[str, Any]) -> str:
+    raw = args.get("pattern")
+    if not isinstance(raw, str) or not raw:
+        raise ValueError("pattern is required")
+    rx = re.compile(raw)
+    root = _abs(ctx, args.get("path") or str(ctx.cwd), "path")
+    include = args.get("include")
+    matcher = wglob.compile([include], flags=wglob.GLOBSTAR | wglob.BRACE) if include else None
+
+    def run() -> str:
+        files: dict[Path, Path] = {}  # shown path -> where to read it
+        for dirpath, dirnames, filenames in os.walk(root):
+            dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS)
+            for name in filenames:
+                fp = Path(dirpath) / name
+                if not ctx.overlay.is_deleted(fp):
+                    files[fp] = ctx.overlay.resolve_read(fp)
+        for rel, ov in _overlay_files_under(ctx, root):
+            if not any(part in SKIP_DIRS for part in rel.split("/")[:-1]):
+                files[root / rel] = ov
+        out: list[str] = []
+        for shown in sorted(files):
+            if matcher is not None and not matcher.match(shown.name):
+                continue
+            src = files[shown]
+            try:
+                if src.stat().st_size > MAX_READ_BYTES:
+                    continue
+                text = src.read_text(encoding="utf-8", errors="strict")
+            except (OSError, UnicodeDecodeError):
+                continue
+            for i, line in enumerate(text.splitlines(), 1):
+                if rx.search(line):
+                    out.append(f"{shown}:{i}: {line[:300]}")
+                    if len(out) >= MAX_GREP_MATCHES:
+                        return "\n".join(out)
+        return "\n".join(out) or "(no matches)"
+
+    return cap(await anyio.to_thread.run_sync(run))
+
+
+def _refused_outside(ctx: OverlayToolContext, path: Path) -> str:
+    return (f"Error: write refused: {path} is outside the project {ctx.overlay.project_root}; "
+            f"only files inside the project may be written")
+
+
+async def write_file(ctx: OverlayToolContext, args: dict[str, Any]) -> str:
+    path = _abs(ctx, args.get("file_path"), "file_path")
+    content = args.get("content")
+    if not isinstance(content, str):
+        raise ValueError("content must be a string")
+
+    def run() -> bool:
+        existed = ctx.overlay.exists(path)
+        ctx.overlay.write(path, content)
+        return existed
+
+    try:
+        existed = await anyio.to_thread.run_sync(run)
+    except PathOutsideProject:
+        return _refused_outside(ctx, path)
+    ctx.files_written.append(str(path))
+    return f"{'Wrote' if existed else 'Created'} {path} ({len(content)} chars)"
+
+
+async def edit(ctx: OverlayToolContext, args: dict[str, Any]) -> str:
+    path = _abs(ctx, args.get("file_path"), "file_path")
+    old, new = args.get("old_string"), args.get("new_string")
+    if not isinstance(old, str) or not isinstance(new, str):
+        raise ValueError("old_string and new_string must be strings")
+    if ctx.overlay.rel(path) is None:
+        return _refused_outside(ctx, path)
+    try:
+        text = await anyio.to_thread.run_sync(
+            lambda: ctx.overlay.resolve_read(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        return f"Error: cannot read {path}: {exc.strerror or exc}"
+    count = text.count(old) if old else 0
+    if count == 0:
+        return f"Error: old_string not found in {path}"
+    if count > 1 and not args.get("replace_all"):
+        return f"Error: old_string occurs {count} times in {path}; give more context or " \
+               f"set replace_all"
+    updated = text.replace(old, new) if args.get("replace_all") else text.replace(old, new, 1)
+    try:
+        await anyio.to_thread.run_sync(ctx.overlay.write, path, updated)
+    except PathOutsideProject:
+        return _refused_outside(ctx, path)
+    ctx.files_written.append(str(path))
+    return f"Edited {path} ({count if args.get('replace_all') else 1} replacement(s))"
+
+
+async def run_shell_command(ctx: OverlayToolContext, args: dict[str, Any]) -> str:
+    command = args.get("command")
+    if not isinstance(command, str) or not command.strip():
+        raise ValueError("command is required")
+    if not ctx.allow_shell:
+        return "Error: run_shell_command is not available to this agent"
+    verdict = await anyio.to_thread.run_sync(shell_verdict, command)
+    if not verdict.allowed:
+        return f"Error: {verdict.reason}"
+    try:
+        with anyio.fail_after(SHELL_TIMEOUT_S):
+            proc = await anyio.run_process(["bash", "-c", command], cwd=str(ctx.cwd),
+                                           check=False, stdin=None)
+    except TimeoutError:
+        return f"Error: command timed out after {SHELL_TIMEOUT_S:.0f} s"
+    out = proc.stdout.decode("utf-8", errors="replace")
+    err = proc.stderr.decode("utf-8", errors="replace")
+    text = out + (f"\n[stderr]\n{err}" if err.strip() else "")
+    changed = ctx.overlay.changed()
+    note = ""
+    if changed:
+        shown = ", ".join(str(p) for p in changed[:20]) + (" ..." if len(changed) > 20 else "")
+        note = (f"[note: the shell sees the project as it was; files changed in this session "
+                f"are not visible to it: {shown}]\n")
+    return cap(f"{note}[exit {proc.returncode}]\n{text}")
+
+
+OVERLAY_TOOLS = {
+    "read_file": read_file,
+    "list_directory": list_directory,
+    "glob": glob,
+    "grep_search": grep_search,
+    "write_file": write_file,
+    "edit": edit,
+    "run_shell_command": run_shell_command,
+}
+
+
+async def call_overlay_tool(ctx: OverlayToolContext, name: str,
+                            raw_args: str | dict[str, Any]) -> str:
+    """Run one tool call against the overlay; any failure becomes an ``Error:`` result."""
+    tool = OVERLAY_TOOLS.get(name)
+    if tool is None:
+        return f"Error: unknown tool {name!r}"
+    try:
+        args = json.loads(raw_args) if isinstance(raw_args, str) else dict(raw_args)
+        if not isinstance(args, dict):
+            raise ValueError("arguments must be a JSON object")
+        return cap(await tool(ctx, args))
+    except PathOutsideProject as exc:
+        return f"Error: write refused: {exc.message}"
+    except OverlayClosed:
+        return "Error: the speculation was stopped"
+    except (ValueError, OSError, re.error) as exc:
+        return f"Error: {exc}"
+    except Exception:  # a broken tool must never take the agent (or the daemon) down
+        log.exception("speculation tool failed", tool=name)
+        return f"Error: {name} failed inside the daemon; see its log"
+
+
+# -- one speculation ----------------------------------------------------------------------------
+@dataclass
+class AcceptResult:
+    applied: list[str]  # absolute paths written or deleted in the project
+    messages: list[dict[str, Any]]  # to append to the session, starting with the user message
+    complete: bool  # the last message is a final assistant answer (no open tool calls)
+    outcome: str | None
+    conflicts: list[str] = field(default_factory=list)  # changed in the project meanwhile
+
+
+class Speculation:
+    """One speculative run. Create through :meth:`SpeculationManager.start`."""
+
+    def __init__(self, *, model: ModelClient, session_history: Sequence[dict[str, Any]],
+                 cwd: Path, project_root: Path, suggestion: str, session_id: str | None,
+                 system: str | None, overlay: OverlayFS, max_turns: int, max_messages: int,
+                 max_time_s: float, fast: bool, allow_shell: bool, allow_writes: bool) -> None:
+        self.id = uuid.uuid4().hex
+        self.session_id = session_id
+        self.suggestion = suggestion
+        self.cwd = cwd
+        self.project_root = project_root
+        self.overlay = overlay
+        self.max_turns = max_turns
+        self.max_messages = max_messages
+        self.max_time_s = max_time_s
+        self.fast = fast
+        self.allowed_tools = [*READ_TOOLS, *(WRITE_TOOLS if allow_writes else ()),
+                              *((SHELL_TOOL,) if allow_shell else ())]
+        self.ctx = OverlayToolContext(cwd=cwd, overlay=overlay, allow_shell=allow_shell)
+        self._model = model
+        self._system = system if system is not None else SYSTEM.format(project=project_root,
+                                                                       cwd=cwd)
+        self._history = fork_history(session_history)
+        self.user_message: dict[str, Any] = {"role": "user", "content": suggestion}
+        self.messages: list[dict[str, Any]] = []  # produced: assistant + tool
+        self.state = "pending"  # pending | running | ready | accepted | aborted
+        self.outcome: str | None = None
+        self.error: str | None = None
+        self.boundary_tool: str | None = None
+        self.turns = 0
+        self.tool_calls = 0
+        self.created_at = time.time()
+        self.elapsed_s = 0.0
+        self.applied: list[str] = []  # after accept: the absolute paths applied
+        self._done = anyio.Event()
+        self._scope: anyio.CancelScope | None = None
+        self._model_scope: anyio.CancelScope | None = None
+        self._stop_requested = False
+        self._ids = itertools.count(1)
+
+    # -- observation ------------------------------------------------------------------------
+    def status(self) -> dict[str, Any]:
+        return {
+            "speculation_id": self.id,
+            "session_id": self.session_id,
+            "state": self.state,
+            "outcome": self.outcome,
+            "turns": self.turns,
+            "messages": len(self.messages),
+            "tool_calls": self.tool_calls,
+            "changed": self.applied if self.overlay.closed else
+            [str(p) for p in self.overlay.changed()],
+            "boundary_tool": self.boundary_tool,
+            "error": self.error,
+            "elapsed_s": self.elapsed_s,
+        }
+
+    @property
+    def finished(self) -> bool:
+        return self._done.is_set()
+
+    async def wait(self) -> None:
+        await self._done.wait()
+
+    # -- the job --------------------------------------------------------------------------------
+    async def run(self) -> dict[str, Any]:
+        """The agent loop; schedule it as a background job. Returns :meth:`status`."""
+        if self.state != "pending":
+            self._done.set()
+            return self.status()
+        self.state = "running"
+        started = time.monotonic()
+        try:
+            with anyio.CancelScope() as scope:
+                self._scope = scope
+                with anyio.move_on_after(self.max_time_s) as deadline:
+                    try:
+                        self.outcome = await self._loop(started)
+                    except ModelUnavailable as exc:
+                        self.outcome = "failed"
+                        data = exc.data if isinstance(exc.data, dict) else {}
+                        self.error = data.get("reason", exc.message)
+                if deadline.cancelled_caught and self.outcome is None:
+                    self.outcome = "timed_out"
+            if self.outcome is None:  # our own scope was cancelled: abort, or a forced stop
+                self.outcome = "cancelled" if self.state == "aborted" else "stopped"
+        except anyio.get_cancelled_exc_class():
+            # cancelled from outside (daemon shutdown): nobody can accept it any more
+            self.outcome = "cancelled"
+            self.state = "aborted"
+            self.overlay.discard()  # synchronous: awaiting here would be cancelled again
+            raise
+        finally:
+            self._scope = None
+            self.elapsed_s = round(time.monotonic() - started, 3)
+            if self.state == "running":
+                self.state = "ready"
+            self._done.set()
+            log.info("speculation finished", speculation=self.id, session=self.session_id,
+                     state=self.state, outcome=self.outcome, turns=self.turns,
+                     messages=len(self.messages), tool_calls=self.tool_calls)
+        return self.status()
+
+    def _gate(self, calls: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], str | None]:
+        """Calls up to the first boundary tool, and that tool's name (None: no boundary)."""
+        for i, call in enumerate(calls):
+            name = (call.get("function") or {}).get("name", "")
+            if name not in self.allowed_tools:
+                return calls[:i], name or "(unnamed)"
+        return calls, None
+
+    async def _loop(self, started: float) -> str:
+        decls = [DECLARATIONS[t] for t in self.allowed_tools]
+        convo: list[dict[str, Any]] = [{"role": "system", "content": self._system},
+                                       *self._history, self.user_message]
+        for turn in range(1, self.max_turns + 1):
+            if self._stop_requested:
+                return "stopped"
+            if len(self.messages) >= self.max_messages:
+                return "message_limit"
+            self.turns = turn
+            left = max(1.0, self.max_time_s - (time.monotonic() - started))
+            with anyio.CancelScope() as model_scope:
+                self._model_scope = model_scope
+                if self._stop_requested:
+                    model_scope.cancel()
+                reply = await self._model.complete(
+                    [*convo, *self.messages], tools=decls, fast=self.fast, timeout_s=left,
+                    extra_body={"enable_thinking": False})
+            self._model_scope = None
+            if model_scope.cancelled_caught:
+                return "stopped"
+            text = _THINK.sub("", reply.text or "")
+            calls = [dict(c) for c in reply.tool_calls]
+            for c in calls:
+                if not c.get("id"):
+                    c["id"] = f"call_spec_{next(self._ids)}"
+                c.setdefault("type", "function")
+            calls, boundary = self._gate(calls)
+            stop: str | None = None
+            if boundary is not None:
+                stop, self.boundary_tool = "boundary", boundary
+            room = self.max_messages - len(self.messages) - 1
+            if len(calls) > room:
+                calls, stop = calls[:max(0, room)], stop or "message_limit"
+            msg: dict[str, Any] = {"role": "assistant", "content": text or None}
+            if calls:
+                msg["tool_calls"] = calls
+            if not calls:
+                if text:
+                    msg["content"] = text
+                    self.messages.append(msg)
+                return stop or "completed"
+            results = await self._run_calls(calls)
+            batch = [msg]
+            for i, call in enumerate(calls):
+                batch.append({"role": "tool", "tool_call_id": call["id"],
+                              "name": (call.get("function") or {}).get("name", ""),
+                              "content": results[i]})
+            self.messages.extend(batch)  # the call and its results land together
+            self.tool_calls += len(calls)
+            if stop is not None:
+                return stop
+        return "turn_limit"
+
+    async def _run_calls(self, calls: Sequence[dict[str, Any]]) -> dict[int, str]:
+        """One reply's tool calls, concurrently; results by position."""
+        results: dict[int, str] = {}
+
+        async def one(i: int, call: dict[str, Any]) -> None:
+            fn = call.get("function") or {}
+            results[i] = await call_overlay_tool(self.ctx, fn.get("name", ""),
+                                                 fn.get("arguments") or "{}")
+
+        async with anyio.create_task_group() as tg:
+            for i, call in enumerate(calls):
+                tg.start_soon(one, i, call)
+        return results
+
+    # -- control --------------------------------------------------------------------------------
+    def request_stop(self) -> None:
+        """Stop at the next safe point (an in-flight model call is cancelled; a tool batch
+        in progress finishes first)."""
+        self._stop_requested = True
+        if self._model_scope is not None:
+            self._model_scope.cancel()
+
+    def abort(self) -> None:
+        """Cancel now and discard the overlay (the project is never touched)."""
+        if self.state in ("accepted", "aborted"):
+            return
+        self.state = "aborted"
+        self._stop_requested = True
+        if self._scope is not None:
+            self._scope.cancel()
+        else:
+            self._done.set()
+        self.overlay.discard()
+
+    def continuation(self) -> list[dict[str, Any]]:
+        """The user message and the produced messages, as they would extend the session."""
+        return [dict(self.user_message), *(dict(m) for m in self.messages)]
+
+
+# -- the manager ------------------------------------------------------------------------------
+class SpeculationManager:
+    """All speculations of the daemon: at most one live per session (a newer one aborts the
+    previous), finished records kept for ``status`` (bounded)."""
+
+    def __init__(self, *, overlay_base: Path | None = None, max_kept: int = 32) -> None:
+        self.overlay_base = overlay_base
+        self.max_kept = max_kept
+        self._specs: dict[str, Speculation] = {}
+
+    def _overlay_dir(self) -> Path | None:
+        if self.overlay_base is None:
+            return None  # OverlayFS picks $XDG_RUNTIME_DIR/qwenctxd/speculation/<pid>/<id>
+        return self.overlay_base / str(os.getpid()) / uuid.uuid4().hex[:8]
+
+    def start(self, model: ModelClient, *, session_history: Sequence[dict[str, Any]],
+              cwd: Path, project_root: Path, suggestion: str, session_id: str | None = None,
+              system: str | None = None, overlay_dir: Path | None = None,
+              max_turns: int = MAX_SPECULATION_TURNS,
+              max_messages: int = MAX_SPECULATION_MESSAGES,
+              max_time_s: float = DEFAULT_MAX_TIME_S, fast: bool = False,
+              allow_shell: bool = True, allow_writes: bool = True) -> str:
+        """Prepare a speculation and return its id; the caller schedules ``run(id)``.
+
+        InvalidParams for an empty suggestion; PathOutsideProject when ``cwd`` is not inside
+        ``project_root``. A live speculation of the same session is aborted first.
+        """
+        if not isinstance(suggestion, str) or not suggestion.strip():
+            raise InvalidParams("suggestion is empty",
+                                data={"field": "suggestion", "message": "empty"})
+        root = Path(os.path.abspath(project_root))
+        cwd = Path(os.path.abspath(cwd))
+        rel = os.path.relpath(os.path.realpath(cwd), os.path.realpath(root))
+        if rel == ".." or rel.startswith(".." + os.sep):
+            raise PathOutsideProject(f"{cwd} is not inside the project {root}",
+                                     data={"path": str(cwd)})
+        if session_id is not None:
+            for old in self._specs.values():
+                if old.session_id == session_id and old.state in ("pending", "running",
+                                                                   "ready"):
+                    old.abort()
+        overlay = OverlayFS(root, overlay_dir or self._overlay_dir(),
+                            remove_empty_parent=overlay_dir is None)
+        spec = Speculation(model=model, session_history=session_history, cwd=cwd,
+                           project_root=root, suggestion=suggestion, session_id=session_id,
+                           system=system, overlay=overlay, max_turns=max_turns,
+                           max_messages=max_messages, max_time_s=max_time_s, fast=fast,
+                           allow_shell=allow_shell, allow_writes=allow_writes)
+        self._specs[spec.id] = spec
+        self._prune()
+        log.info("speculation started", speculation=spec.id, session=session_id,
+                 overlay=str(overlay.overlay_dir))
+        return spec.id
+
+    def get(self, speculation_id: str) -> Speculation:
+        spec = self._specs.get(speculation_id)
+        if spec is None:
+            raise InvalidParams(f"unknown speculation_id {speculation_id!r}",
+                                data={"field": "speculation_id", "message": "unknown"})
+        return spec
+
+    async def run(self, speculation_id: str) -> dict[str, Any]:
+        """The background job for ``speculation_id`` (schedule it in the task registry)."""
+        return await self.get(speculation_id).run()
+
+    def status(self, speculation_id: str) -> dict[str, Any]:
+        return self.get(speculation_id).status()
+
+    async def accept(self, speculation_id: str, *,
+                     stop_timeout_s: float = ACCEPT_STOP_TIMEOUT_S) -> AcceptResult:
+        """Stop the agent at a safe point if it still runs, copy the overlay into the project
+        and return the applied paths and the messages to append to the session.
+
+        InvalidParams when the id is unknown or the speculation was aborted or accepted.
+        """
+        spec = self.get(speculation_id)
+        if spec.state in ("accepted", "aborted"):
+            raise InvalidParams(f"speculation {speculation_id} was already {spec.state}",
+                                data={"field": "speculation_id", "message": spec.state})
+        if spec.state == "running":
+            spec.request_stop()
+            with anyio.move_on_after(stop_timeout_s):
+                await spec.wait()
+            if not spec.finished and spec._scope is not None:
+                spec._scope.cancel()  # a tool batch overran; its results are not recorded
+                await spec.wait()
+        if spec.state in ("accepted", "aborted"):  # aborted while we waited
+            raise InvalidParams(f"speculation {speculation_id} was already {spec.state}",
+                                data={"field": "speculation_id", "message": spec.state})
+        spec.state = "accepted"
+        spec._done.set()
+        conflicts = [str(spec.project_root / p) for p in spec.overlay.conflicts()]
+        applied = await anyio.to_thread.run_sync(spec.overlay.apply)
+        messages = spec.continuation()
+        last = messages[-1]
+        complete = last.get("role") == "assistant" and not last.get("tool_calls")
+        log.info("speculation accepted", speculation=spec.id, session=spec.session_id,
+                 applied=len(applied), messages=len(messages), conflicts=len(conflicts))
+        spec.applied = [str(spec.project_root / p) for p in applied]
+        return AcceptResult(applied=list(spec.applied),
+                            messages=messages, complete=complete, outcome=spec.outcome,
+                            conflicts=conflicts)
+
+    def abort(self, speculation_id: str) -> bool:
+        """Cancel the agent and remove the overlay; False when it was already accepted or
+        aborted (InvalidParams when the id is unknown)."""
+        spec = self.get(speculation_id)
+        if spec.state in ("accepted", "aborted"):
+            return False
+        spec.abort()
+        log.info("speculation aborted", speculation=spec.id, session=spec.session_id)
+        return True
+
+    def abort_session(self, session_id: str) -> list[str]:
+        """Abort every live speculation of a session (e.g. the user typed a new message)."""
+        out = []
+        for spec in list(self._specs.values()):
+            if spec.session_id == session_id and spec.state in ("pending", "running", "ready"):
+                spec.abort()
+                out.append(spec.id)
+        return out
+
+    def close(self) -> None:
+        """Abort everything (daemon shutdown): no overlay outlives the daemon."""
+        for spec in list(self._specs.values()):
+            spec.abort()
+
+    def _prune(self) -> None:
+        dead = [s for s in self._specs.values() if s.state in ("accepted", "aborted")]
+        for spec in dead[:max(0, len(dead) - self.max_kept)]:
+            del self._specs[spec.id]
