@@ -135,3 +135,8 @@ class UndoParams(Params):
 class UndoResult(msgspec.Struct, kw_only=True):
     restored: str
     action: str
+
+
+class DreamParams(Params):
+    cwd: str
+    force: bool = False

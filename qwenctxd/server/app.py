@@ -23,7 +23,8 @@ import structlog
 
 from qwenctxd import PROTOCOL_VERSION, __version__
 from qwenctxd.agents.audit import AuditLog
-from qwenctxd.agents.extraction import Extractor, ExtractRequest
+from qwenctxd.agents.extraction import Extractor
+from qwenctxd.agents.speculation import SpeculationManager
 from qwenctxd.config import ConfigStore
 from qwenctxd.config.schema import Settings
 from qwenctxd.events import EventBus
@@ -33,6 +34,7 @@ from qwenctxd.model import ModelClient
 from qwenctxd.paths import ensure_private_dir, pid_path, state_dir
 from qwenctxd.protocol import daemon as wire
 from qwenctxd.server import systemd, transport
+from qwenctxd.server.background import Background
 from qwenctxd.server.connection import Connection
 from qwenctxd.server.dispatch import Dispatcher
 from qwenctxd.server.lock import PidLock
@@ -86,7 +88,13 @@ class Daemon:
         self.turns = TurnPipeline(self.sessions)
         self.audit = AuditLog(state_dir())
         self.extractor = Extractor(self.memory, self.audit, self.tasks, lambda: self.model)
-        self.sessions.turn_complete_hooks = [self._schedule_extraction]
+        self.background = Background(self)
+        self.sessions.turn_complete_hooks = [self.background.on_turn_complete]
+        self.speculation = SpeculationManager()
+        self.sessions.user_turn_hooks = [
+            lambda s: self.background.on_user_turn(s.cwd),
+            lambda s: self.speculation.abort_session(s.id),
+        ]
         self.status_contributors.append(self._sessions_status)
         self.dispatcher = Dispatcher(is_stopping=lambda: self.state != "serving")
         self.in_flight_requests = 0
@@ -160,6 +168,7 @@ class Daemon:
                     version=__version__,
                     activated=self.activated_fd is not None,
                 )
+                tg.start_soon(self.background.idle_loop)
                 if self.model.configured:  # the ~1 s openai import, off the first request
                     tg.start_soon(self._warm_model)
                 # start-up garbage is permanent: keep the collector from rescanning it
@@ -174,6 +183,7 @@ class Daemon:
             with anyio.CancelScope(shield=True):
                 await self.sessions.aclose()
                 await self.memory.aclose()
+                self.speculation.close()
             tg.cancel_scope.cancel()
         log.info("stopped", pid=os.getpid())
         return 0
@@ -199,14 +209,6 @@ class Daemon:
         self.in_flight_requests -= 1
         if not self.in_flight_requests:
             self._requests_idle.set()
-
-    def _schedule_extraction(self, session: Any) -> list[str]:
-        """After a completed user-query turn: queue extraction for the session's project."""
-        req = ExtractRequest(session_id=session.id, cwd=session.cwd,
-                             history=list(session.messages),
-                             wrote_memory=session.memory_written_this_turn)
-        scheduled, _reason = self.extractor.schedule(req)
-        return ["extract"] if scheduled else []
 
     async def _warm_model(self) -> None:
         try:

@@ -46,6 +46,9 @@ class TurnPipeline:
             events: list[dict[str, Any]] = []
             reminders: list[wire.Reminder] = []
             new_msgs = self._incoming(s, p, events)
+            if p.kind == "user":
+                for hook in getattr(self.m, "user_turn_hooks", []):
+                    hook(s)
             if p.kind == "user" and p.text:
                 self._start_prefetch(s, p.text, p.active_tools or [])
             reminders.extend(await self._skill_reminders(s, p.touched_paths or []))

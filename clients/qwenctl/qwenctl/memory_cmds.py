@@ -87,6 +87,11 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     st = ms.add_parser("status", parents=[common],
                        help="memory roots, counts, index size, last dream, extract cursor")
     _cwd_option(st)
+    dr = ms.add_parser("dream", parents=[common],
+                       help="consolidate this project's memories now (gates apply unless --force)")
+    dr.add_argument("--force", action="store_true",
+                    help="skip the time and session-count gates (never a held lock)")
+    _cwd_option(dr)
     lg = ms.add_parser("log", parents=[common],
                        help="what background agents created, edited or deleted")
     lg.add_argument("--limit", type=_positive, default=30, metavar="N",
@@ -259,6 +264,20 @@ def cmd_status(ctx: Ctx) -> int:
     return EXIT_OK
 
 
+def cmd_dream(ctx: Ctx) -> int:
+    from qwenctl.cli import emit_json
+
+    res = ctx.call("memory.dream", {"cwd": _cwd(ctx), "force": bool(ctx.args.force)})
+    if ctx.args.json:
+        emit_json(res)
+    elif res["scheduled"]:
+        sys.stdout.write("dream scheduled; `qwenctl drain` waits for it, "
+                         "`qwenctl memory log` shows what it changed\n")
+    else:
+        sys.stdout.write(f"dream skipped: {res.get('skipped_reason') or res.get('reason')}\n")
+    return EXIT_OK
+
+
 def cmd_log(ctx: Ctx) -> int:
     from qwenctl.cli import emit_json
 
@@ -293,6 +312,7 @@ def cmd_undo(ctx: Ctx) -> int:
 
 
 _COMMANDS = {
+    "dream": cmd_dream,
     "log": cmd_log,
     "undo": cmd_undo,
     "list": cmd_list,

@@ -16,6 +16,7 @@ def register_all(daemon: Daemon) -> None:
         memory_methods,
         session_methods,
         skills_methods,
+        speculation_methods,
     )
 
     daemon_methods.register(daemon)
@@ -23,6 +24,7 @@ def register_all(daemon: Daemon) -> None:
     session_methods.register(daemon)
     skills_methods.register(daemon)
     memory_methods.register(daemon)
+    speculation_methods.register(daemon)
     if os.environ.get("QWENCTXD_DEBUG_METHODS") == "1":
         from qwenctxd.server.methods import debug_methods
 

@@ -66,7 +66,9 @@ def register(daemon: Daemon) -> None:
 
     async def status(ctx: Connection, p: wire.StatusParams) -> wire.StatusResult:
         cwd = checked_cwd(p.cwd)
-        return wire.StatusResult(**await service.status(cwd))
+        st = await service.status(cwd)
+        st["lock"], st["sessions_since_dream"] = daemon.background.dream_status(cwd)
+        return wire.StatusResult(**st)
 
     async def extract(ctx: Connection, p: wire.ExtractParams) -> wire.ScheduledResult:
         from qwenctxd.agents.extraction import ExtractRequest
@@ -102,7 +104,14 @@ def register(daemon: Daemon) -> None:
             await anyio.to_thread.run_sync(rebuild_index, root, scope)
         return wire.UndoResult(restored=entry.path, action=entry.action)
 
+    async def dream(ctx: Connection, p: wire.DreamParams) -> wire.ScheduledResult:
+        cwd = checked_cwd(p.cwd)
+        await service.project(cwd)  # scaffold
+        scheduled, reason = daemon.background.schedule_dream(cwd, session_id=None, force=p.force)
+        return wire.ScheduledResult(scheduled=scheduled, reason=reason, skipped_reason=reason)
+
     for spec in (
+        MethodSpec("memory.dream", wire.DreamParams, dream),
         MethodSpec("memory.extract", wire.ExtractParams, extract),
         MethodSpec("memory.log", wire.LogParams, log),
         MethodSpec("memory.undo", wire.UndoParams, undo),
