@@ -111,3 +111,35 @@ def test_speculation_accept_and_abort(spawn) -> None:  # type: ignore[no-untyped
             assert exc.code == -32602
         else:
             raise AssertionError("unknown speculation accepted")
+
+
+def test_kill_9_during_a_dream_recovers_the_lock(spawn) -> None:  # type: ignore[no-untyped-def]
+    import time
+
+    with ScriptedOpenAI(default=Reply(content="consolidating", delay_s=30)) as stub:
+        d: SpawnedDaemon = spawn(env=model_env(stub)).start()
+        repo = d.home / "repo"
+        (repo / ".git").mkdir(parents=True)
+        st = d.call("memory.status", {"cwd": str(repo)})
+        state = Path(st["roots"]["project"]).parent
+        meta_before = (state / "meta.json").read_text()
+        assert d.call("memory.dream", {"cwd": str(repo), "force": True})["scheduled"]
+        deadline = time.monotonic() + 10
+        while not (state / "consolidation.lock").exists() or not stub.requests:
+            assert time.monotonic() < deadline, "the dream never started"
+            time.sleep(0.02)
+        dead_pid = d.proc.pid
+        d.kill9()
+        assert (state / "consolidation.lock").read_text().strip() == str(dead_pid)
+        stub.default = Reply(content="Nothing to merge.")
+        again = spawn(root=d.root, env=model_env(stub))
+        again.log_path = d.root / "again.log"
+        again.start()
+        st2 = again.call("memory.status", {"cwd": str(repo)})
+        assert st2["lock"] is not None and st2["lock"]["live"] is False  # dead holder
+        assert (state / "meta.json").read_text() == meta_before  # metadata not advanced
+        assert not list(Path(st["roots"]["project"]).rglob("*.tmp"))  # no partial file
+        assert again.call("memory.dream", {"cwd": str(repo), "force": True})["scheduled"]
+        assert again.call("daemon.drain", {"timeout_s": 20})["drained"]
+        assert not (state / "consolidation.lock").exists()
+        assert json.loads((state / "meta.json").read_text())["lastDreamStatus"] == "noop"
