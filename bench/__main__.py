@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-ALL = ["ping", "instructions", "sessions", "skills", "recall", "qwenctl_startup"]
+ALL = ["ping", "instructions", "sessions", "skills", "recall", "qwenctl_startup", "extraction"]
 
 
 def main(argv: list[str]) -> int:

@@ -219,6 +219,7 @@ def test_manual_compress_empty_summary_leaves_history(spawn, stub) -> None:  # t
     d: SpawnedDaemon = spawn(env=model_env(stub)).start()
     sid = open_session(d, d.home)["session_id"]
     before = run_turn(d, stub, sid, "hello")[-1]
+    assert d.call("daemon.drain", {"timeout_s": 20})["drained"]  # extraction's model calls
     stub.handler = None
     stub.push(Reply(content="<analysis>unfinished"))
     r = d.call("session.compress", {"session_id": sid, "mode": "full"})

@@ -645,6 +645,9 @@ _HANDLERS: dict[str, Callable[[Node, int], None]] = {
 
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+# tree-sitter-bash 0.25 can SIGSEGV on "{" followed later by a 4-byte UTF-8 character
+# (tree-sitter/tree-sitter-bash#337, open); no such character ever reaches the parser.
+_ASTRAL = re.compile("[\U00010000-\U0010ffff]")
 _LITERAL = frozenset({"raw_string", "ansi_c_string", "comment", "heredoc_start", "heredoc_end"})
 _LIVE = re.compile(r"\\.|(`|\$[({\[])", re.S)  # substitutions bash would run
 _WORD_LIVE = re.compile(r"\\.|([`;|&<>()\s]|\$[({\[])", re.S)  # …and separators in a word
@@ -713,6 +716,8 @@ def _parse(script: str) -> tuple[Node, bytes]:
         raise _Refuse(f"command longer than {MAX_COMMAND_CHARS} characters")
     if _CONTROL.search(script):
         raise _Refuse("command contains control characters (bash and the parser may split it differently)")
+    if _ASTRAL.search(script):
+        raise _Refuse("characters beyond U+FFFF are refused (they can crash tree-sitter-bash)")
     _check_continuations(script)
     data = script.encode("utf-8")
     with _PARSER_LOCK:

@@ -44,6 +44,8 @@ class MemorySettings(_Section):
     enable_managed_auto_dream: bool = True
     enable_auto_skill: bool = False
     auto_skill_confirm: bool = True
+    # tool calls since the session's last skill review before the next one (§5.9)
+    auto_skill_tool_calls: PositiveInt = 20
     agent_timeout_minutes: Annotated[float, Meta(ge=0)] | None = None
     enable_team_memory: bool = False
     # how long a user turn may wait for a memory recall already in flight (0: never wait)

@@ -74,6 +74,7 @@ class MemoryService:
         self._project_root = project_root
         self._projects: dict[Path, _Project] = {}
         self._hits: dict[str, int] = {}
+        self._roots: dict[tuple[Path, bool], mpaths.MemoryRoots] = {}
 
     # -- roots ------------------------------------------------------------------------------------
     def enabled(self, root: Path | None) -> bool:
@@ -83,8 +84,15 @@ class MemoryService:
     def roots(self, cwd: Path) -> mpaths.MemoryRoots:
         root = self._project_root(cwd)
         s = self._config.for_project(root) if root else self._config.global_settings
-        return mpaths.roots_for(cwd, environ=self._environ,
-                                team_enabled=s.memory.enable_team_memory)
+        key = (cwd, s.memory.enable_team_memory)
+        cached = self._roots.get(key)
+        if cached is None:
+            cached = mpaths.roots_for(cwd, environ=self._environ,
+                                      team_enabled=s.memory.enable_team_memory)
+            if len(self._roots) > 1024:
+                self._roots.clear()
+            self._roots[key] = cached
+        return cached
 
     async def project(self, cwd: Path) -> _Project:
         key = self._project_root(cwd) or cwd

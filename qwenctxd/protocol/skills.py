@@ -44,3 +44,45 @@ class LoadResult(msgspec.Struct, kw_only=True):
     name: str
     base_dir: str
     content: str
+
+
+# -- skills.review.* (skill review drafts) ----------------------------------------------------
+class ReviewListParams(Params):
+    cwd: str
+
+
+class DraftInfo(msgspec.Struct, kw_only=True):
+    id: str
+    name: str
+    description: str
+    path: str
+    created_at: float
+    updates_existing: bool
+    session_id: str | None = None
+    problem: str | None = None
+
+
+class ReviewListResult(msgspec.Struct, kw_only=True):
+    drafts: list[DraftInfo]
+
+
+class ReviewDraftParams(Params):
+    cwd: str
+    draft_id: str
+
+
+class ReviewAcceptResult(msgspec.Struct, kw_only=True):
+    path: str
+
+
+class ReviewDiscardResult(msgspec.Struct, kw_only=True):
+    ok: bool
+
+
+class ReviewRunParams(Params):
+    session_id: str
+
+
+class ReviewRunResult(msgspec.Struct, kw_only=True):
+    scheduled: bool
+    reason: str | None = None

@@ -43,6 +43,14 @@ class Background:
         ok, _reason = self.schedule_dream(session.cwd, session_id=session.id)
         if ok:
             scheduled.append("dream")
+        from qwenctxd.agents import skill_review
+
+        reviewer = skill_review.reviewer_for(self.d)
+        settings = skill_review.settings_for(self.d, reviewer.project_root(session))
+        job = reviewer.maybe_schedule(session, self.d.tasks, self.d.model, self.d.audit,
+                                      settings)
+        if job is not None:
+            scheduled.append(job)
         return scheduled
 
     def on_user_turn(self, cwd: Path) -> None:

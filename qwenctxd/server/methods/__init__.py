@@ -15,6 +15,7 @@ def register_all(daemon: Daemon) -> None:
         instructions_methods,
         memory_methods,
         session_methods,
+        skill_review_methods,
         skills_methods,
         speculation_methods,
     )
@@ -23,6 +24,7 @@ def register_all(daemon: Daemon) -> None:
     instructions_methods.register(daemon)
     session_methods.register(daemon)
     skills_methods.register(daemon)
+    skill_review_methods.register(daemon)
     memory_methods.register(daemon)
     speculation_methods.register(daemon)
     if os.environ.get("QWENCTXD_DEBUG_METHODS") == "1":
