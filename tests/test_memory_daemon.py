@@ -125,6 +125,8 @@ def test_prefetch_slow_model_arrives_on_the_next_tool_turn(spawn) -> None:  # ty
         d: SpawnedDaemon = spawn(env=model_env(stub)).start()
         repo = repo_in(d.home)
         a, _, _ = _seed(d, repo)
+        stub.push(Reply(content=json.dumps({"selected_memories": [str(a)]})))
+        d.call("memory.recall", {"cwd": str(repo), "query": "warm the client"})  # openai import
         sid = d.call("session.open", {"cwd": str(repo), "model": "stub-model"})["session_id"]
         stub.push(Reply(content=json.dumps({"selected_memories": [str(a)]}), delay_s=0.3))
         t0 = time.monotonic()
