@@ -76,7 +76,7 @@ class AuditLog:
     def _backup(self, entry_id: str, data: bytes) -> str:
         self.history.mkdir(parents=True, exist_ok=True)
         target = self.history / f"{entry_id}.bak"
-        atomic_write(target, data.decode("utf-8", errors="surrogateescape"))
+        atomic_write(target, data)
         self._prune()
         return str(target)
 
@@ -91,17 +91,19 @@ class AuditLog:
             total -= victim.stat().st_size
             victim.unlink(missing_ok=True)
 
-    def write_file(self, path: Path, text: str, *, agent: str, session: str | None) -> AuditEntry:
+    def write_file(self, path: Path, text: str | bytes, *, agent: str,
+                   session: str | None) -> AuditEntry:
         """Record, then atomically write ``text`` to ``path`` (create or edit)."""
         before = _read(path)
+        payload = text.encode() if isinstance(text, str) else text
         entry_id = f"{int(time.time())}-{uuid.uuid4().hex[:8]}"
         entry = AuditEntry(
             id=entry_id, time=time.time(), agent=agent, session=session, path=str(path),
             action="create" if before is None else "edit", sha256_before=sha256(before),
-            sha256_after=sha256(text.encode()),
+            sha256_after=sha256(payload),
             backup=self._backup(entry_id, before) if before is not None else None)
         self._append(entry)
-        atomic_write(path, text)
+        atomic_write(path, payload)
         return entry
 
     def delete_file(self, path: Path, *, agent: str, session: str | None) -> AuditEntry | None:
@@ -147,8 +149,7 @@ class AuditLog:
             if entry.backup is None:
                 raise ValueError(f"no saved content for entry {entry_id}")
             previous = Path(entry.backup).read_bytes()
-            undo = self.write_file(path, previous.decode("utf-8", errors="surrogateescape"),
-                                   agent=agent, session=None)
+            undo = self.write_file(path, previous, agent=agent, session=None)
         assert undo is not None
         marker = AuditEntry(id=f"{int(time.time())}-{uuid.uuid4().hex[:8]}", time=time.time(),
                             agent=agent, path=str(path), action="undo", undoes=entry_id)

@@ -30,6 +30,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 
+from qwenctxd.fsutil import atomic_write
 from qwenctxd.protocol.errors import PathOutsideProject
 
 __all__ = ["OverlayClosed", "OverlayFS", "default_overlay_dir"]
@@ -89,28 +90,6 @@ def _atomic_copy(src: Path, dst: Path) -> None:
             shutil.copyfileobj(inp, out)
             out.flush()
             os.fsync(out.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, dst)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-
-
-def _atomic_write_text(dst: Path, text: str) -> None:
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        mode = stat.S_IMODE(os.stat(dst).st_mode)
-    except FileNotFoundError:
-        mode = 0o644
-    fd, tmp = tempfile.mkstemp(prefix=f".{dst.name}.", suffix=".tmp", dir=dst.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
         os.chmod(tmp, mode)
         os.replace(tmp, dst)
     except BaseException:
@@ -309,7 +288,7 @@ class OverlayFS:
                 ov.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(real, ov)  # copy-on-write: keep the original's mode
             self._whiteouts.discard(rel)  # a file replaces the deleted file
-            _atomic_write_text(ov, text)
+            atomic_write(ov, text)
             self._written.add(rel)
             return ov
 

@@ -46,16 +46,15 @@ import structlog
 from wcmatch import glob as wglob
 
 from qwenctxd.agents.overlay import OverlayClosed, OverlayFS
-from qwenctxd.agents.permissions import shell_verdict
 from qwenctxd.agents.runner import fork_history
 from qwenctxd.agents.tools import (
     DECLARATIONS,
     MAX_GLOB_RESULTS,
     MAX_GREP_MATCHES,
     MAX_READ_BYTES,
-    SHELL_TIMEOUT_S,
     SKIP_DIRS,
     cap,
+    run_readonly_shell,
 )
 from qwenctxd.model import ModelClient
 from qwenctxd.protocol.errors import InvalidParams, ModelUnavailable, PathOutsideProject
@@ -264,30 +263,14 @@ async def edit(ctx: OverlayToolContext, args: dict[str, Any]) -> str:
 
 
 async def run_shell_command(ctx: OverlayToolContext, args: dict[str, Any]) -> str:
-    command = args.get("command")
-    if not isinstance(command, str) or not command.strip():
-        raise ValueError("command is required")
-    if not ctx.allow_shell:
-        return "Error: run_shell_command is not available to this agent"
-    verdict = await anyio.to_thread.run_sync(shell_verdict, command)
-    if not verdict.allowed:
-        return f"Error: {verdict.reason}"
-    try:
-        with anyio.fail_after(SHELL_TIMEOUT_S):
-            proc = await anyio.run_process(["bash", "-c", command], cwd=str(ctx.cwd),
-                                           check=False, stdin=None)
-    except TimeoutError:
-        return f"Error: command timed out after {SHELL_TIMEOUT_S:.0f} s"
-    out = proc.stdout.decode("utf-8", errors="replace")
-    err = proc.stderr.decode("utf-8", errors="replace")
-    text = out + (f"\n[stderr]\n{err}" if err.strip() else "")
+    result = await run_readonly_shell(args.get("command"), ctx.cwd, allow=ctx.allow_shell)
     changed = ctx.overlay.changed()
-    note = ""
-    if changed:
-        shown = ", ".join(str(p) for p in changed[:20]) + (" ..." if len(changed) > 20 else "")
-        note = (f"[note: the shell sees the project as it was; files changed in this session "
-                f"are not visible to it: {shown}]\n")
-    return cap(f"{note}[exit {proc.returncode}]\n{text}")
+    if result.startswith("Error:") or not changed:
+        return cap(result)
+    shown = ", ".join(str(p) for p in changed[:20]) + (" ..." if len(changed) > 20 else "")
+    note = (f"[note: the shell sees the project as it was; files changed in this session "
+            f"are not visible to it: {shown}]\n")
+    return cap(note + result)
 
 
 OVERLAY_TOOLS = {

@@ -210,25 +210,30 @@ async def edit(ctx: ToolContext, args: dict[str, Any]) -> str:
     return f"Edited {path} ({count if args.get('replace_all') else 1} replacement(s))"
 
 
-async def run_shell_command(ctx: ToolContext, args: dict[str, Any]) -> str:
-    command = args.get("command")
+async def run_readonly_shell(command: object, cwd: Path, *, allow: bool = True) -> str:
+    """Run ``command`` in ``cwd`` if the AST classifier proves it read-only; the result text
+    (exit code, stdout, stderr) or an ``Error:`` line. Shared by every agent's shell tool."""
     if not isinstance(command, str) or not command.strip():
         raise ValueError("command is required")
-    if not ctx.allow_shell:
+    if not allow:
         return "Error: run_shell_command is not available to this agent"
     verdict = await anyio.to_thread.run_sync(shell_verdict, command)
     if not verdict.allowed:
         return f"Error: {verdict.reason}"
     try:
         with anyio.fail_after(SHELL_TIMEOUT_S):
-            proc = await anyio.run_process(["bash", "-c", command], cwd=str(ctx.cwd),
+            proc = await anyio.run_process(["bash", "-c", command], cwd=str(cwd),
                                            check=False, stdin=None)
     except TimeoutError:
         return f"Error: command timed out after {SHELL_TIMEOUT_S:.0f} s"
     out = proc.stdout.decode("utf-8", errors="replace")
     err = proc.stderr.decode("utf-8", errors="replace")
     text = out + (f"\n[stderr]\n{err}" if err.strip() else "")
-    return cap(f"[exit {proc.returncode}]\n{text}")
+    return f"[exit {proc.returncode}]\n{text}"
+
+
+async def run_shell_command(ctx: ToolContext, args: dict[str, Any]) -> str:
+    return cap(await run_readonly_shell(args.get("command"), ctx.cwd, allow=ctx.allow_shell))
 
 
 TOOLS: dict[str, Tool] = {

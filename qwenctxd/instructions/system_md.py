@@ -17,12 +17,12 @@ These functions do blocking file I/O; call them from a worker thread.
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
 import structlog
 
+from qwenctxd.fsutil import atomic_write
 from qwenctxd.protocol.errors import Reason, SystemPromptFileError
 
 log = structlog.get_logger(__name__)
@@ -135,32 +135,11 @@ def write_system_md(
         if path.is_file() and path.read_bytes() == data:
             return path
         path.parent.mkdir(parents=True, exist_ok=True)
-        _atomic_write(path, data)
+        atomic_write(path, data)
     except OSError as exc:
         log.warning("system_md.write_failed", path=str(path), error=type(exc).__name__)
         return None
     return path
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    try:
-        mode = path.stat().st_mode & 0o7777
-    except OSError:
-        mode = 0o644
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
 
 
 def load_identity(

@@ -5,6 +5,12 @@ the model may invoke it, the first line of its description), then the skills sha
 higher level and the SKILL.md files that could not be loaded. ``show NAME`` prints one skill's
 metadata and the full text the model receives when it loads the skill (``skills.load``); an
 unknown name is the daemon's error (exit 1).
+
+``review`` lists the skill drafts the background skill reviewer staged for the directory's
+project (id, name, description, path; ``*`` marks a draft that would update an existing
+project skill, ``!`` one that would not load); ``review accept ID`` copies a draft into
+``<root>/.qwen/skills/<name>/`` and ``review discard ID`` deletes it; ``review run SESSION``
+asks for a review of a live session now (ignoring the tool-call count).
 """
 
 from __future__ import annotations
@@ -20,7 +26,8 @@ from qwenctl.daemon_link import EXIT_OK
 if TYPE_CHECKING:
     from qwenctl.cli import Ctx
 
-SUBCOMMANDS = ("list", "show")
+SUBCOMMANDS = ("list", "show", "review")
+REVIEW_SUBCOMMANDS = ("list", "accept", "discard", "run")
 
 
 # -- parser -----------------------------------------------------------------------------------
@@ -44,6 +51,22 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
                        help="one skill's metadata and the full text it loads")
     sh.add_argument("name", metavar="NAME", help="skill name")
     _cwd_option(sh)
+    rv = ss.add_parser("review", parents=[common],
+                       help="skill drafts staged by the skill reviewer: list, accept, discard")
+    _cwd_option(rv)
+    rs = rv.add_subparsers(dest="review_command", metavar="ACTION")
+    rl = rs.add_parser("list", parents=[common], help="staged drafts (the default)")
+    _cwd_option(rl)
+    ra = rs.add_parser("accept", parents=[common],
+                       help="copy a draft into the project's .qwen/skills")
+    ra.add_argument("draft_id", metavar="ID", help="draft id (from `skills review`)")
+    _cwd_option(ra)
+    rd = rs.add_parser("discard", parents=[common], help="delete a draft")
+    rd.add_argument("draft_id", metavar="ID", help="draft id (from `skills review`)")
+    _cwd_option(rd)
+    rr = rs.add_parser("run", parents=[common],
+                       help="review a live session now (ignores the tool-call count)")
+    rr.add_argument("session_id", metavar="SESSION", help="session id")
 
 
 # -- helpers ----------------------------------------------------------------------------------
@@ -93,7 +116,56 @@ def cmd_show(ctx: Ctx) -> int:
     return EXIT_OK
 
 
+def cmd_review(ctx: Ctx) -> int:
+    from qwenctl.cli import emit_json
+
+    action = getattr(ctx.args, "review_command", None) or "list"
+    if action == "run":
+        res = ctx.call("skills.review.run", {"session_id": ctx.args.session_id})
+        if ctx.args.json:
+            emit_json(res)
+        elif res["scheduled"]:
+            sys.stdout.write("skill review scheduled\n")
+        else:
+            sys.stdout.write(f"skill review skipped: {res.get('reason')}\n")
+        return EXIT_OK
+    cwd = _cwd(ctx)
+    if action in ("accept", "discard"):
+        res = ctx.call(f"skills.review.{action}", {"cwd": cwd, "draft_id": ctx.args.draft_id})
+        if ctx.args.json:
+            emit_json(res)
+        elif action == "accept":
+            sys.stdout.write(f"accepted {ctx.args.draft_id}: {res['path']}\n")
+        else:
+            sys.stdout.write(f"discarded {ctx.args.draft_id}\n")
+        return EXIT_OK
+    res = ctx.call("skills.review.list", {"cwd": cwd})
+    if ctx.args.json:
+        emit_json(res)
+        return EXIT_OK
+    drafts = res.get("drafts") or []
+    if not drafts:
+        sys.stdout.write("skill drafts: none\n")
+        return EXIT_OK
+    home = _home()
+    rows = [(d["id"], d["name"] + ("*" if d.get("updates_existing") else "")
+             + ("!" if d.get("problem") else ""),
+             render.first_line(d.get("description") or ""),
+             render.short_path(d["path"], None, home)) for d in drafts]
+    render.table_to(sys.stdout, f"skill drafts ({len(drafts)})", rows,
+                    ("id", "name", "description", "path"), nowrap=(0, 1, 3))
+    if any(d.get("updates_existing") for d in drafts):
+        sys.stdout.write("* updates an existing project skill\n")
+    for d in drafts:
+        if d.get("problem"):
+            sys.stdout.write(f"! {d['id']}: {d['problem']}\n")
+    sys.stdout.write("accept: qwenctl skills review accept ID   "
+                     "discard: qwenctl skills review discard ID\n")
+    return EXIT_OK
+
+
 _COMMANDS = {
     "list": cmd_list,
     "show": cmd_show,
+    "review": cmd_review,
 }
