@@ -102,6 +102,9 @@ READ_ONLY = [
     "sort -- *",
     "bash -c 'cat \"$@\"' x a b",
     "xargs -n \"$n\" grep x",
+    "find . \\\n  -name '*.py' \\\n  -print",
+    "ls #comment",
+    "echo 'é 中'",
 ]
 
 NOT_READ_ONLY = [
@@ -250,6 +253,18 @@ NOT_READ_ONLY = [
     "bash -c 'sort -k \"$@\" f' x 1 -o out",
     "rg --hostname-bin=sh foo",
     "[ -f src/* ]",
+    # forms where tree-sitter-bash and bash disagree (found by running bash in a sandbox)
+    "ls\n\\\ntouch p",
+    "ls\\\na=1 touch p",
+    "a=1\\\nls touch p",
+    "\\ #;touch p",
+    "ls ==\ntouch p",
+    "ls =~\nrm x",
+    "echo $\\\n(rm x)",
+    # tree-sitter-bash#337: '{' then a 4-byte UTF-8 character can SIGSEGV the parser
+    "{\U000f9313",
+    "echo \U0001f600",
+    "ls \ud800",
     "ls\rrm x",
     "coproc cat",
     "read x",

@@ -26,12 +26,14 @@ Limits: 20 model turns and 100 produced messages (whichever comes first; a reply
 would overflow the message cap is trimmed), plus a wall-clock budget. Accepting a speculation
 that is still running stops it at the next safe point (an in-flight model call is cancelled,
 an in-flight tool batch finishes) and accepts what is done.
+
+This module runs and manages speculations; the overlay-aware tool implementations are in
+:mod:`qwenctxd.agents.speculation_tools`.
 """
 
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import re
 import time
@@ -43,19 +45,11 @@ from typing import Any
 
 import anyio
 import structlog
-from wcmatch import glob as wglob
 
-from qwenctxd.agents.overlay import OverlayClosed, OverlayFS
+from qwenctxd.agents.overlay import OverlayFS
 from qwenctxd.agents.runner import fork_history
-from qwenctxd.agents.tools import (
-    DECLARATIONS,
-    MAX_GLOB_RESULTS,
-    MAX_GREP_MATCHES,
-    MAX_READ_BYTES,
-    SKIP_DIRS,
-    cap,
-    run_readonly_shell,
-)
+from qwenctxd.agents.speculation_tools import OverlayToolContext, call_overlay_tool
+from qwenctxd.agents.tools import DECLARATIONS
 from qwenctxd.model import ModelClient
 from qwenctxd.protocol.errors import InvalidParams, ModelUnavailable, PathOutsideProject
 
@@ -84,226 +78,6 @@ SYSTEM = """\
 You are an AI coding assistant working in the project at {project} (working directory \
 {cwd}). Continue the conversation: carry out the user's latest request directly, using the \
 tools to read and change files (absolute paths). Keep the final answer short."""
-
-
-# -- overlay-aware tools ----------------------------------------------------------------------
-@dataclass
-class OverlayToolContext:
-    """What the tools of one speculation may touch: reads overlay-first, writes to the overlay,
-    read-only shell in the real ``cwd``."""
-
-    cwd: Path
-    overlay: OverlayFS
-    allow_shell: bool = True
-    files_written: list[str] = field(default_factory=list)
-    reads: int = 0
-
-
-def _abs(ctx: OverlayToolContext, raw: Any, key: str) -> Path:
-    if not isinstance(raw, str) or not raw:
-        raise ValueError(f"{key} is required")
-    p = Path(raw)
-    return Path(os.path.normpath(p if p.is_absolute() else ctx.cwd / p))
-
-
-async def read_file(ctx: OverlayToolContext, args: dict[str, Any]) -> str:
-    path = _abs(ctx, args.get("file_path"), "file_path")
-
-    def run() -> str:
-        src = ctx.overlay.resolve_read(path)
-        try:
-            with open(src, "rb") as f:
-                data = f.read(MAX_READ_BYTES + 1)
-        except FileNotFoundError:
-            raise FileNotFoundError(f"No such file or directory: {path}") from None
-        text = data[:MAX_READ_BYTES].decode("utf-8", errors="replace")
-        lines = text.splitlines()
-        off = max(1, int(args.get("offset") or 1))
-        lim = int(args.get("limit") or 2000)
-        return "\n".join(lines[off - 1: off - 1 + lim])
-
-    ctx.reads += 1
-    return cap(await anyio.to_thread.run_sync(run))
-
-
-async def list_directory(ctx: OverlayToolContext, args: dict[str, Any]) -> str:
-    path = _abs(ctx, args.get("path"), "path")
-
-    def run() -> str:
-        entries = ctx.overlay.listdir(path)
-        return "\n".join(n + ("/" if d else "") for n, d in entries) or "(empty)"
-
-    return cap(await anyio.to_thread.run_sync(run))
-
-
-def _overlay_files_under(ctx: OverlayToolContext, root: Path) -> list[tuple[str, Path]]:
-    """(path relative to ``root``, overlay file) of the files written under ``root``."""
-    key = ctx.overlay.rel(root)
-    if key is None:
-        return []
-    prefix = f"{key}/" if key else ""
-    return [(k[len(prefix):], ov) for k, ov in ctx.overlay.iter_overlay_files(key)
-            if k.startswith(prefix)]
-
-
-async def glob(ctx: OverlayToolContext, args: dict[str, Any]) -> str:
-    pattern = args.get("pattern")
-    if not isinstance(pattern, str) or not pattern:
-        raise ValueError("pattern is required")
-    root = _abs(ctx, args.get("path") or str(ctx.cwd), "path")
-
-    def run() -> str:
-        flags = wglob.GLOBSTAR | wglob.BRACE | wglob.DOTGLOB
-        found: dict[str, None] = {}
-        for rel, _ov in _overlay_files_under(ctx, root):
-            if wglob.globmatch(rel, pattern, flags=flags):
-                found[str(root / rel)] = None
-        if root.is_dir():
-            for m in wglob.iglob(pattern, root_dir=str(root), flags=flags):
-                p = root / m
-                if not ctx.overlay.is_deleted(p):
-                    found[str(p)] = None
-                if len(found) >= MAX_GLOB_RESULTS:
-                    break
-        return "\n".join(sorted(found)[:MAX_GLOB_RESULTS]) or "(no matches)"
-
-    return cap(await anyio.to_thread.run_sync(run))
-
-
-async def grep_search(ctx: OverlayToolContext, args: dict[str, Any]) -> str:
-    raw = args.get("pattern")
-    if not isinstance(raw, str) or not raw:
-        raise ValueError("pattern is required")
-    rx = re.compile(raw)
-    root = _abs(ctx, args.get("path") or str(ctx.cwd), "path")
-    include = args.get("include")
-    matcher = wglob.compile([include], flags=wglob.GLOBSTAR | wglob.BRACE) if include else None
-
-    def run() -> str:
-        files: dict[Path, Path] = {}  # shown path -> where to read it
-        for dirpath, dirnames, filenames in os.walk(root):
-            dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS)
-            for name in filenames:
-                fp = Path(dirpath) / name
-                if not ctx.overlay.is_deleted(fp):
-                    files[fp] = ctx.overlay.resolve_read(fp)
-        for rel, ov in _overlay_files_under(ctx, root):
-            if not any(part in SKIP_DIRS for part in rel.split("/")[:-1]):
-                files[root / rel] = ov
-        out: list[str] = []
-        for shown in sorted(files):
-            if matcher is not None and not matcher.match(shown.name):
-                continue
-            src = files[shown]
-            try:
-                if src.stat().st_size > MAX_READ_BYTES:
-                    continue
-                text = src.read_text(encoding="utf-8", errors="strict")
-            except (OSError, UnicodeDecodeError):
-                continue
-            for i, line in enumerate(text.splitlines(), 1):
-                if rx.search(line):
-                    out.append(f"{shown}:{i}: {line[:300]}")
-                    if len(out) >= MAX_GREP_MATCHES:
-                        return "\n".join(out)
-        return "\n".join(out) or "(no matches)"
-
-    return cap(await anyio.to_thread.run_sync(run))
-
-
-def _refused_outside(ctx: OverlayToolContext, path: Path) -> str:
-    return (f"Error: write refused: {path} is outside the project {ctx.overlay.project_root}; "
-            f"only files inside the project may be written")
-
-
-async def write_file(ctx: OverlayToolContext, args: dict[str, Any]) -> str:
-    path = _abs(ctx, args.get("file_path"), "file_path")
-    content = args.get("content")
-    if not isinstance(content, str):
-        raise ValueError("content must be a string")
-
-    def run() -> bool:
-        existed = ctx.overlay.exists(path)
-        ctx.overlay.write(path, content)
-        return existed
-
-    try:
-        existed = await anyio.to_thread.run_sync(run)
-    except PathOutsideProject:
-        return _refused_outside(ctx, path)
-    ctx.files_written.append(str(path))
-    return f"{'Wrote' if existed else 'Created'} {path} ({len(content)} chars)"
-
-
-async def edit(ctx: OverlayToolContext, args: dict[str, Any]) -> str:
-    path = _abs(ctx, args.get("file_path"), "file_path")
-    old, new = args.get("old_string"), args.get("new_string")
-    if not isinstance(old, str) or not isinstance(new, str):
-        raise ValueError("old_string and new_string must be strings")
-    if ctx.overlay.rel(path) is None:
-        return _refused_outside(ctx, path)
-    try:
-        text = await anyio.to_thread.run_sync(
-            lambda: ctx.overlay.resolve_read(path).read_text(encoding="utf-8"))
-    except OSError as exc:
-        return f"Error: cannot read {path}: {exc.strerror or exc}"
-    count = text.count(old) if old else 0
-    if count == 0:
-        return f"Error: old_string not found in {path}"
-    if count > 1 and not args.get("replace_all"):
-        return f"Error: old_string occurs {count} times in {path}; give more context or " \
-               f"set replace_all"
-    updated = text.replace(old, new) if args.get("replace_all") else text.replace(old, new, 1)
-    try:
-        await anyio.to_thread.run_sync(ctx.overlay.write, path, updated)
-    except PathOutsideProject:
-        return _refused_outside(ctx, path)
-    ctx.files_written.append(str(path))
-    return f"Edited {path} ({count if args.get('replace_all') else 1} replacement(s))"
-
-
-async def run_shell_command(ctx: OverlayToolContext, args: dict[str, Any]) -> str:
-    result = await run_readonly_shell(args.get("command"), ctx.cwd, allow=ctx.allow_shell)
-    changed = ctx.overlay.changed()
-    if result.startswith("Error:") or not changed:
-        return cap(result)
-    shown = ", ".join(str(p) for p in changed[:20]) + (" ..." if len(changed) > 20 else "")
-    note = (f"[note: the shell sees the project as it was; files changed in this session "
-            f"are not visible to it: {shown}]\n")
-    return cap(note + result)
-
-
-OVERLAY_TOOLS = {
-    "read_file": read_file,
-    "list_directory": list_directory,
-    "glob": glob,
-    "grep_search": grep_search,
-    "write_file": write_file,
-    "edit": edit,
-    "run_shell_command": run_shell_command,
-}
-
-
-async def call_overlay_tool(ctx: OverlayToolContext, name: str,
-                            raw_args: str | dict[str, Any]) -> str:
-    """Run one tool call against the overlay; any failure becomes an ``Error:`` result."""
-    tool = OVERLAY_TOOLS.get(name)
-    if tool is None:
-        return f"Error: unknown tool {name!r}"
-    try:
-        args = json.loads(raw_args) if isinstance(raw_args, str) else dict(raw_args)
-        if not isinstance(args, dict):
-            raise ValueError("arguments must be a JSON object")
-        return cap(await tool(ctx, args))
-    except PathOutsideProject as exc:
-        return f"Error: write refused: {exc.message}"
-    except OverlayClosed:
-        return "Error: the speculation was stopped"
-    except (ValueError, OSError, re.error) as exc:
-        return f"Error: {exc}"
-    except Exception:  # a broken tool must never take the agent (or the daemon) down
-        log.exception("speculation tool failed", tool=name)
-        return f"Error: {name} failed inside the daemon; see its log"
 
 
 # -- one speculation ----------------------------------------------------------------------------

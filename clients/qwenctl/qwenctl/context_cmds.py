@@ -19,7 +19,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, Any
 
-from qwenctl import render, session_cmds
+from qwenctl import render_context, session_cmds
 from qwenctl.daemon_link import EXIT_OK
 
 if TYPE_CHECKING:
@@ -49,5 +49,5 @@ def cmd_context(ctx: Ctx) -> int:
     if not row.get("open"):
         sys.stderr.write("qwenctl: note: the session was not open; it was resumed for this "
                          "picture, without the client's tool declarations\n")
-    render.context_report(res, stream=sys.stdout, width=ctx.args.width)
+    render_context.context_report(res, stream=sys.stdout, width=ctx.args.width)
     return EXIT_OK

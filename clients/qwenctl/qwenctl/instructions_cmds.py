@@ -13,7 +13,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
-from qwenctl import render
+from qwenctl import render_instructions
 from qwenctl.daemon_link import EXIT_OK
 from qwenctxd.instructions.system_prompt import PROMPT_ENV_KEYS  # a leaf module, cheap
 
@@ -59,7 +59,7 @@ def cmd_prompt(ctx: Ctx) -> int:
     sys.stdout.flush()
     sys.stdout.buffer.write(res["text"].encode("utf-8", errors="surrogatepass") + b"\n")
     sys.stdout.buffer.flush()
-    render.prompt_report(res, cwd=cwd, home=_home(), stream=sys.stderr)
+    render_instructions.prompt_report(res, cwd=cwd, home=_home(), stream=sys.stderr)
     return EXIT_OK
 
 
@@ -71,5 +71,5 @@ def cmd_instructions(ctx: Ctx) -> int:
     if ctx.args.json:
         emit_json(res)
     else:
-        render.instructions_report(res, cwd=cwd, home=_home(), stream=sys.stdout)
+        render_instructions.instructions_report(res, cwd=cwd, home=_home(), stream=sys.stdout)
     return EXIT_OK  # problems are information, not a failure

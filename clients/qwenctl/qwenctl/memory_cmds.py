@@ -17,7 +17,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
-from qwenctl import render
+from qwenctl import render, render_memory
 from qwenctl.daemon_link import EXIT_DAEMON_ERROR, EXIT_OK, EXIT_USAGE
 
 if TYPE_CHECKING:
@@ -173,7 +173,7 @@ def cmd_list(ctx: Ctx) -> int:
     if ctx.args.json:
         emit_json(res)
     else:
-        render.memory_list_report(res, cwd=cwd, scope=scope, home=_home(), stream=sys.stdout)
+        render_memory.memory_list_report(res, cwd=cwd, scope=scope, home=_home(), stream=sys.stdout)
     return EXIT_OK  # problems are information, not a failure
 
 
@@ -191,7 +191,7 @@ def cmd_recall(ctx: Ctx) -> int:
     if ctx.args.json:
         emit_json(res)
     else:
-        render.memory_recall_report(res, home=_home(), show_prompt=ctx.args.show_prompt,
+        render_memory.memory_recall_report(res, home=_home(), show_prompt=ctx.args.show_prompt,
                                     stream=sys.stdout)
     return EXIT_OK
 
@@ -223,7 +223,7 @@ def cmd_forget(ctx: Ctx) -> int:
             sys.stdout.write(f"nothing matches {query!r}\n")
         return EXIT_OK
     if not a.json:
-        render.memory_candidates(candidates, query=query, home=home, stream=sys.stdout)
+        render_memory.memory_candidates(candidates, query=query, home=home, stream=sys.stdout)
         sys.stdout.flush()
     selected = candidates
     if a.pick is not None:
@@ -260,7 +260,7 @@ def cmd_status(ctx: Ctx) -> int:
     if ctx.args.json:
         emit_json(res)
     else:
-        render.memory_status_report(res, cwd=cwd, home=_home(), stream=sys.stdout)
+        render_memory.memory_status_report(res, cwd=cwd, home=_home(), stream=sys.stdout)
     return EXIT_OK
 
 

@@ -14,7 +14,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
-from qwenctl import render
+from qwenctl import render, render_sessions
 from qwenctl.daemon_link import EXIT_DAEMON_ERROR, EXIT_OK
 
 if TYPE_CHECKING:
@@ -155,7 +155,7 @@ def cmd_list(ctx: Ctx) -> int:
     if a.json:
         emit_json(res)
     else:
-        render.sessions_table(res["sessions"], title=title, home=home, stream=sys.stdout)
+        render_sessions.sessions_table(res["sessions"], title=title, home=home, stream=sys.stdout)
     return EXIT_OK
 
 
@@ -167,7 +167,7 @@ def cmd_show(ctx: Ctx) -> int:
     if ctx.args.json:
         emit_json({**row, "live": live})
     else:
-        render.session_detail(row, live, home=_home(), stream=sys.stdout)
+        render_sessions.session_detail(row, live, home=_home(), stream=sys.stdout)
     return EXIT_OK
 
 

@@ -20,7 +20,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
-from qwenctl import render
+from qwenctl import render, render_skills
 from qwenctl.daemon_link import EXIT_OK
 
 if TYPE_CHECKING:
@@ -94,7 +94,7 @@ def cmd_list(ctx: Ctx) -> int:
     if ctx.args.json:
         emit_json(res)
     else:
-        render.skills_report(res, cwd=cwd, home=_home(), stream=sys.stdout)
+        render_skills.skills_report(res, cwd=cwd, home=_home(), stream=sys.stdout)
     return EXIT_OK  # load errors are information, not a failure
 
 
@@ -112,7 +112,7 @@ def cmd_show(ctx: Ctx) -> int:
         emit_json({**(info or {"name": loaded["name"]}), "base_dir": loaded["base_dir"],
                    "content": loaded["content"], "shadowed": shadowed})
         return EXIT_OK
-    render.skill_detail(info, loaded, shadowed, cwd=cwd, home=_home(), stream=sys.stdout)
+    render_skills.skill_detail(info, loaded, shadowed, cwd=cwd, home=_home(), stream=sys.stdout)
     return EXIT_OK
 
 
