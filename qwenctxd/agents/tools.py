@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -210,6 +211,15 @@ async def edit(ctx: ToolContext, args: dict[str, Any]) -> str:
     return f"Edited {path} ({count if args.get('replace_all') else 1} replacement(s))"
 
 
+def _clean_env() -> dict[str, str]:
+    """The environment the classifier assumes: a trusted PATH, no BASH_ENV or exported
+    functions, no pager or editor hooks."""
+    keep = {k: os.environ[k] for k in ("HOME", "LANG", "LC_ALL", "TERM", "USER", "LOGNAME")
+            if k in os.environ}
+    keep["PATH"] = "/usr/local/bin:/usr/bin:/bin"
+    return keep
+
+
 async def run_readonly_shell(command: object, cwd: Path, *, allow: bool = True) -> str:
     """Run ``command`` in ``cwd`` if the AST classifier proves it read-only; the result text
     (exit code, stdout, stderr) or an ``Error:`` line. Shared by every agent's shell tool."""
@@ -222,8 +232,9 @@ async def run_readonly_shell(command: object, cwd: Path, *, allow: bool = True) 
         return f"Error: {verdict.reason}"
     try:
         with anyio.fail_after(SHELL_TIMEOUT_S):
-            proc = await anyio.run_process(["bash", "-c", command], cwd=str(cwd),
-                                           check=False, stdin=None)
+            proc = await anyio.run_process(
+                ["bash", "--norc", "--noprofile", "-c", command], cwd=str(cwd), check=False,
+                stdin=subprocess.DEVNULL, env=_clean_env())
     except TimeoutError:
         return f"Error: command timed out after {SHELL_TIMEOUT_S:.0f} s"
     out = proc.stdout.decode("utf-8", errors="replace")
