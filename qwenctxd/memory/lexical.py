@@ -51,10 +51,7 @@ without any token hit scores 0 and is dropped; score desc, then mtime desc.
 from __future__ import annotations
 
 import os
-import sqlite3
-import time
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
 import aiosqlite
@@ -62,6 +59,7 @@ import anyio
 import anyio.to_thread
 
 from qwenctxd.memory.tokenize import fts_text, is_cjk, normalize, tokens
+from qwenctxd.store.sqlite import CacheDatabase
 
 SCHEMA_VERSION = 1
 # bm25 column weights: title, description, keywords, body (the seed's +4 / +3 / +4 / +1)
@@ -201,7 +199,7 @@ def type_boosts(query_tokens: Iterable[str]) -> dict[str, float]:
     return out
 
 
-class LexicalIndex:
+class LexicalIndex(CacheDatabase):
     """An FTS5 index of memory documents in one SQLite file (WAL, synchronous=NORMAL).
 
     One aiosqlite connection (one thread); every statement is serialised by a lock so a search
@@ -209,38 +207,9 @@ class LexicalIndex:
     (``<name>.corrupt-<ts>``) and the index rebuilt by the next :meth:`sync` — it is a cache.
     """
 
-    def __init__(self, db_path: str | os.PathLike[str]) -> None:
-        self.db_path = Path(db_path)
-        self.set_aside: Path | None = None
-        self._db: aiosqlite.Connection | None = None
-        self._lock: anyio.Lock | None = None
-
-    async def __aenter__(self) -> LexicalIndex:
-        await self.open()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
-
-    async def open(self) -> None:
-        if self._db is not None:
-            return
-        self._lock = anyio.Lock()
-        await anyio.to_thread.run_sync(
-            lambda: self.db_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        )
-        try:
-            self._db = await self._connect()
-        except sqlite3.OperationalError:
-            raise  # locked, unreadable, …: not corruption — never move it aside
-        except sqlite3.DatabaseError:
-            self.set_aside = await anyio.to_thread.run_sync(self._move_aside)
-            self._db = await self._connect()
-
-    async def close(self) -> None:
-        db, self._db = self._db, None
-        if db is not None:
-            await db.close()
+    SCHEMA = _SCHEMA
+    SCHEMA_VERSION = SCHEMA_VERSION
+    TABLES = ("docs_fts", "docs")
 
     async def count(self) -> int:
         rows = await self._conn().execute_fetchall("SELECT count(*) FROM docs")
@@ -349,38 +318,6 @@ class LexicalIndex:
         if self._db is None:
             raise RuntimeError("LexicalIndex is not open")
         return self._db
-
-    async def _connect(self) -> aiosqlite.Connection:
-        db = await aiosqlite.connect(self.db_path)
-        try:
-            await db.execute("PRAGMA busy_timeout = 5000")
-            (check,) = (await db.execute_fetchall("PRAGMA quick_check"))[0]
-            if check != "ok":
-                raise sqlite3.DatabaseError(f"quick_check failed: {check}")
-            await db.execute("PRAGMA journal_mode = WAL")
-            await db.execute("PRAGMA synchronous = NORMAL")
-            (version,) = (await db.execute_fetchall("PRAGMA user_version"))[0]
-            if version != SCHEMA_VERSION:  # a cache: an unknown layout is simply rebuilt
-                await db.execute("DROP TABLE IF EXISTS docs_fts")
-                await db.execute("DROP TABLE IF EXISTS docs")
-                await db.executescript(_SCHEMA)
-                await db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-                await db.commit()
-        except BaseException:
-            await db.close()
-            raise
-        return db
-
-    def _move_aside(self) -> Path:
-        ts = time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + f"-{time.time_ns() % 10**9:09d}"
-        dest = self.db_path.with_name(f"{self.db_path.name}.corrupt-{ts}")
-        os.replace(self.db_path, dest)
-        for suffix in ("-wal", "-shm", "-journal"):
-            side = self.db_path.with_name(self.db_path.name + suffix)
-            if side.exists():
-                os.replace(side, dest.with_name(dest.name + suffix))
-        return dest
-
 
 # -- the baseline: the seed's linear scan -----------------------------------------------------------
 

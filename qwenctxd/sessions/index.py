@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import sqlite3
 import stat
-import time
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +27,7 @@ from qwenctxd.sessions.records import (
     scan_summary,
     session_path,
 )
+from qwenctxd.store.sqlite import CacheDatabase
 
 SCHEMA_VERSION = 1
 COLUMNS = (
@@ -158,42 +158,14 @@ def _row(summary: SessionSummary, project: str | None) -> tuple[Any, ...]:
     )
 
 
-class SessionIndex:
+class SessionIndex(CacheDatabase):
     """``sessions(session_id PK, project_slug, project, cwd, path, started_at, updated_at,
     messages, title, size, mtime_ns)`` in one SQLite file (WAL, synchronous=NORMAL)."""
 
-    def __init__(self, db_path: str | os.PathLike[str]) -> None:
-        self.db_path = Path(db_path)
-        self.set_aside: Path | None = None  # where a corrupt DB was moved, if open() did that
-        self._db: aiosqlite.Connection | None = None
-        self._lock: anyio.Lock | None = None
-
-    async def __aenter__(self) -> SessionIndex:
-        await self.open()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
-
-    async def open(self) -> None:
-        if self._db is not None:
-            return
-        self._lock = anyio.Lock()
-        await anyio.to_thread.run_sync(
-            lambda: self.db_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        )
-        try:
-            self._db = await self._connect()
-        except sqlite3.OperationalError:
-            raise  # locked, unreadable, …: not corruption — never move it aside
-        except sqlite3.DatabaseError:
-            self.set_aside = await anyio.to_thread.run_sync(self._move_aside)
-            self._db = await self._connect()
-
-    async def close(self) -> None:
-        db, self._db = self._db, None
-        if db is not None:
-            await db.close()
+    SCHEMA = _SCHEMA
+    SCHEMA_VERSION = SCHEMA_VERSION
+    TABLES = ("sessions",)
+    ROW_FACTORY = sqlite3.Row
 
     async def upsert(self, summary: SessionSummary, *, project: str | None) -> None:
         """Insert or replace one row; ``project=None`` keeps a project already recorded."""
@@ -289,38 +261,6 @@ class SessionIndex:
         async with self._lock:
             await db.executemany(sql, rows)
             await db.commit()
-
-    async def _connect(self) -> aiosqlite.Connection:
-        db = await aiosqlite.connect(self.db_path)
-        try:
-            await db.execute("PRAGMA busy_timeout = 5000")
-            (check,) = (await db.execute_fetchall("PRAGMA quick_check"))[0]
-            if check != "ok":
-                raise sqlite3.DatabaseError(f"quick_check failed: {check}")
-            await db.execute("PRAGMA journal_mode = WAL")
-            await db.execute("PRAGMA synchronous = NORMAL")
-            (version,) = (await db.execute_fetchall("PRAGMA user_version"))[0]
-            if version != SCHEMA_VERSION:  # a cache: an unknown layout is simply rebuilt
-                await db.execute("DROP TABLE IF EXISTS sessions")
-                await db.executescript(_SCHEMA)
-                await db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-                await db.commit()
-            db.row_factory = sqlite3.Row
-        except BaseException:
-            await db.close()
-            raise
-        return db
-
-    def _move_aside(self) -> Path:
-        ts = time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + f"-{time.time_ns() % 10**9:09d}"
-        dest = self.db_path.with_name(f"{self.db_path.name}.corrupt-{ts}")
-        os.replace(self.db_path, dest)
-        for suffix in ("-wal", "-shm", "-journal"):
-            side = self.db_path.with_name(self.db_path.name + suffix)
-            if side.exists():
-                os.replace(side, dest.with_name(dest.name + suffix))
-        return dest
-
 
 def _under(path: str, root: Path) -> bool:
     try:

@@ -1,0 +1,1 @@
+"""Storage helpers shared below all subsystems (SQLite cache databases)."""

@@ -1,0 +1,92 @@
+"""A rebuildable SQLite cache database opened with aiosqlite.
+
+Our SQLite files (the session index, the memory FTS index) are caches of files on disk: WAL
+mode, ``synchronous=NORMAL``, a 5 s busy timeout, a ``quick_check`` on open, and a schema
+version in ``user_version`` — an unknown layout is dropped and recreated. A file that is not a
+database (or fails the check) is moved aside as ``<name>.corrupt-<ts>`` with its -wal/-shm
+files and rebuilt; a locked or unreadable file is an error, never moved.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any, ClassVar
+
+import aiosqlite
+import anyio
+
+
+class CacheDatabase:
+    SCHEMA: ClassVar[str] = ""
+    SCHEMA_VERSION: ClassVar[int] = 1
+    TABLES: ClassVar[tuple[str, ...]] = ()  # dropped (in this order) on a schema change
+    ROW_FACTORY: ClassVar[Any] = None
+
+    def __init__(self, db_path: str | os.PathLike[str]) -> None:
+        self.db_path = Path(db_path)
+        self.set_aside: Path | None = None  # where a corrupt DB was moved, if open() did that
+        self._db: aiosqlite.Connection | None = None
+        self._lock: anyio.Lock | None = None
+
+    async def __aenter__(self) -> Any:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def open(self) -> None:
+        if self._db is not None:
+            return
+        self._lock = anyio.Lock()
+        await anyio.to_thread.run_sync(
+            lambda: self.db_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        )
+        try:
+            self._db = await self._connect()
+        except sqlite3.OperationalError:
+            raise  # locked, unreadable, …: not corruption — never move it aside
+        except sqlite3.DatabaseError:
+            self.set_aside = await anyio.to_thread.run_sync(self._move_aside)
+            self._db = await self._connect()
+
+    async def close(self) -> None:
+        db, self._db = self._db, None
+        if db is not None:
+            await db.close()
+
+    async def _connect(self) -> aiosqlite.Connection:
+        db = await aiosqlite.connect(self.db_path)
+        try:
+            await db.execute("PRAGMA busy_timeout = 5000")
+            (check,) = (await db.execute_fetchall("PRAGMA quick_check"))[0]
+            if check != "ok":
+                raise sqlite3.DatabaseError(f"quick_check failed: {check}")
+            await db.execute("PRAGMA journal_mode = WAL")
+            await db.execute("PRAGMA synchronous = NORMAL")
+            (version,) = (await db.execute_fetchall("PRAGMA user_version"))[0]
+            if version != self.SCHEMA_VERSION:  # a cache: an unknown layout is simply rebuilt
+                for table in self.TABLES:
+                    await db.execute(f"DROP TABLE IF EXISTS {table}")
+                await db.executescript(self.SCHEMA)
+                await db.execute(f"PRAGMA user_version = {self.SCHEMA_VERSION}")
+                await db.commit()
+            if self.ROW_FACTORY is not None:
+                db.row_factory = self.ROW_FACTORY
+        except BaseException:
+            await db.close()
+            raise
+        return db
+
+    def _move_aside(self) -> Path:
+        ts = time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + f"-{time.time_ns() % 10**9:09d}"
+        dest = self.db_path.with_name(f"{self.db_path.name}.corrupt-{ts}")
+        os.replace(self.db_path, dest)
+        for suffix in ("-wal", "-shm", "-journal"):
+            side = self.db_path.with_name(self.db_path.name + suffix)
+            if side.exists():
+                os.replace(side, dest.with_name(dest.name + suffix))
+        return dest
