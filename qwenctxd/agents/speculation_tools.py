@@ -25,10 +25,10 @@ from wcmatch import glob as wglob
 from qwenctxd.agents.overlay import OverlayClosed, OverlayFS
 from qwenctxd.agents.tools import (
     MAX_GLOB_RESULTS,
-    MAX_GREP_MATCHES,
-    MAX_READ_BYTES,
     SKIP_DIRS,
     cap,
+    grep_file,
+    read_lines,
     run_readonly_shell,
 )
 from qwenctxd.protocol.errors import PathOutsideProject
@@ -61,17 +61,10 @@ async def read_file(ctx: OverlayToolContext, args: dict[str, Any]) -> str:
     path = _abs(ctx, args.get("file_path"), "file_path")
 
     def run() -> str:
-        src = ctx.overlay.resolve_read(path)
         try:
-            with open(src, "rb") as f:
-                data = f.read(MAX_READ_BYTES + 1)
+            return read_lines(ctx.overlay.resolve_read(path), args)
         except FileNotFoundError:
             raise FileNotFoundError(f"No such file or directory: {path}") from None
-        text = data[:MAX_READ_BYTES].decode("utf-8", errors="replace")
-        lines = text.splitlines()
-        off = max(1, int(args.get("offset") or 1))
-        lim = int(args.get("limit") or 2000)
-        return "\n".join(lines[off - 1: off - 1 + lim])
 
     ctx.reads += 1
     return cap(await anyio.to_thread.run_sync(run))
@@ -145,18 +138,8 @@ async def grep_search(ctx: OverlayToolContext, args: dict[str, Any]) -> str:
         for shown in sorted(files):
             if matcher is not None and not matcher.match(shown.name):
                 continue
-            src = files[shown]
-            try:
-                if src.stat().st_size > MAX_READ_BYTES:
-                    continue
-                text = src.read_text(encoding="utf-8", errors="strict")
-            except (OSError, UnicodeDecodeError):
-                continue
-            for i, line in enumerate(text.splitlines(), 1):
-                if rx.search(line):
-                    out.append(f"{shown}:{i}: {line[:300]}")
-                    if len(out) >= MAX_GREP_MATCHES:
-                        return "\n".join(out)
+            if grep_file(shown, files[shown], rx, out):
+                return "\n".join(out)
         return "\n".join(out) or "(no matches)"
 
     return cap(await anyio.to_thread.run_sync(run))

@@ -95,20 +95,37 @@ def _abs(ctx: ToolContext, raw: Any, key: str) -> Path:
     return p if p.is_absolute() else ctx.cwd / p
 
 
+def read_lines(src: Path, args: dict[str, Any]) -> str:
+    """The text of ``src`` (≤ 512 KiB), 1-based ``offset`` and ``limit`` lines from ``args``."""
+    with open(src, "rb") as f:
+        data = f.read(MAX_READ_BYTES + 1)
+    lines = data[:MAX_READ_BYTES].decode("utf-8", errors="replace").splitlines()
+    off = max(1, int(args.get("offset") or 1))
+    lim = int(args.get("limit") or 2000)
+    return "\n".join(lines[off - 1: off - 1 + lim])
+
+
+def grep_file(shown: Path, src: Path, rx: re.Pattern[str], out: list[str]) -> bool:
+    """Append ``shown:line: text`` for each match in ``src``; True once the cap is reached.
+    Large, unreadable and non-UTF-8 files are skipped."""
+    try:
+        if src.stat().st_size > MAX_READ_BYTES:
+            return False
+        text = src.read_text(encoding="utf-8", errors="strict")
+    except (OSError, UnicodeDecodeError):
+        return False
+    for i, line in enumerate(text.splitlines(), 1):
+        if rx.search(line):
+            out.append(f"{shown}:{i}: {line[:300]}")
+            if len(out) >= MAX_GREP_MATCHES:
+                return True
+    return False
+
+
 async def read_file(ctx: ToolContext, args: dict[str, Any]) -> str:
     path = _abs(ctx, args.get("file_path"), "file_path")
-
-    def run() -> str:
-        with open(path, "rb") as f:
-            data = f.read(MAX_READ_BYTES + 1)
-        text = data[:MAX_READ_BYTES].decode("utf-8", errors="replace")
-        lines = text.splitlines()
-        off = max(1, int(args.get("offset") or 1))
-        lim = int(args.get("limit") or 2000)
-        return "\n".join(lines[off - 1: off - 1 + lim])
-
     ctx.reads += 1
-    return cap(await anyio.to_thread.run_sync(run))
+    return cap(await anyio.to_thread.run_sync(read_lines, path, args))
 
 
 async def list_directory(ctx: ToolContext, args: dict[str, Any]) -> str:
@@ -156,17 +173,8 @@ async def grep_search(ctx: ToolContext, args: dict[str, Any]) -> str:
                 if matcher is not None and not matcher.match(name):
                     continue
                 fp = Path(dirpath) / name
-                try:
-                    if fp.stat().st_size > MAX_READ_BYTES:
-                        continue
-                    text = fp.read_text(encoding="utf-8", errors="strict")
-                except (OSError, UnicodeDecodeError):
-                    continue
-                for i, line in enumerate(text.splitlines(), 1):
-                    if rx.search(line):
-                        out.append(f"{fp}:{i}: {line[:300]}")
-                        if len(out) >= MAX_GREP_MATCHES:
-                            return "\n".join(out)
+                if grep_file(fp, fp, rx, out):
+                    return "\n".join(out)
         return "\n".join(out) or "(no matches)"
 
     return cap(await anyio.to_thread.run_sync(run))
