@@ -14,6 +14,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from qwenctl import render_instructions
+from qwenctl.cmdutil import command_cwd, home_dir
 from qwenctl.daemon_link import EXIT_OK
 from qwenctxd.instructions.system_prompt import PROMPT_ENV_KEYS  # a leaf module, cheap
 
@@ -23,13 +24,6 @@ if TYPE_CHECKING:
 MODES = ("interactive", "headless", "acp")
 
 
-def _cwd(ctx: Ctx) -> str:
-    return os.path.abspath(ctx.args.cwd) if ctx.args.cwd else os.getcwd()
-
-
-def _home() -> str | None:
-    home = os.path.expanduser("~")
-    return home if home != "~" else None
 
 
 def prompt_env() -> dict[str, str]:
@@ -41,7 +35,7 @@ def cmd_prompt(ctx: Ctx) -> int:
     from qwenctl.cli import emit_json
 
     a = ctx.args
-    cwd = _cwd(ctx)
+    cwd = command_cwd(ctx)
     params: dict[str, Any] = {"cwd": cwd}
     if a.model is not None:
         params["model"] = a.model
@@ -59,17 +53,17 @@ def cmd_prompt(ctx: Ctx) -> int:
     sys.stdout.flush()
     sys.stdout.buffer.write(res["text"].encode("utf-8", errors="surrogatepass") + b"\n")
     sys.stdout.buffer.flush()
-    render_instructions.prompt_report(res, cwd=cwd, home=_home(), stream=sys.stderr)
+    render_instructions.prompt_report(res, cwd=cwd, home=home_dir(), stream=sys.stderr)
     return EXIT_OK
 
 
 def cmd_instructions(ctx: Ctx) -> int:
     from qwenctl.cli import emit_json
 
-    cwd = _cwd(ctx)
+    cwd = command_cwd(ctx)
     res = ctx.call("instructions.files", {"cwd": cwd})
     if ctx.args.json:
         emit_json(res)
     else:
-        render_instructions.instructions_report(res, cwd=cwd, home=_home(), stream=sys.stdout)
+        render_instructions.instructions_report(res, cwd=cwd, home=home_dir(), stream=sys.stdout)
     return EXIT_OK  # problems are information, not a failure

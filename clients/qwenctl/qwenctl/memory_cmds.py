@@ -18,6 +18,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from qwenctl import render, render_memory
+from qwenctl.cmdutil import command_cwd, home_dir
 from qwenctl.daemon_link import EXIT_DAEMON_ERROR, EXIT_OK, EXIT_USAGE
 
 if TYPE_CHECKING:
@@ -102,14 +103,6 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
 
 
 # -- helpers ----------------------------------------------------------------------------------
-def _home() -> str | None:
-    home = os.path.expanduser("~")
-    return home if home != "~" else None
-
-
-def _cwd(ctx: Ctx) -> str:
-    cwd = getattr(ctx.args, "cwd", None)
-    return os.path.abspath(cwd) if cwd else os.getcwd()
 
 
 def _query(ctx: Ctx) -> str:
@@ -164,7 +157,7 @@ def cmd_memory(ctx: Ctx) -> int:
 def cmd_list(ctx: Ctx) -> int:
     from qwenctl.cli import emit_json
 
-    cwd = _cwd(ctx)
+    cwd = command_cwd(ctx)
     params: dict[str, Any] = {"cwd": cwd}
     scope = getattr(ctx.args, "scope", None)
     if scope:
@@ -173,14 +166,14 @@ def cmd_list(ctx: Ctx) -> int:
     if ctx.args.json:
         emit_json(res)
     else:
-        render_memory.memory_list_report(res, cwd=cwd, scope=scope, home=_home(), stream=sys.stdout)
+        render_memory.memory_list_report(res, cwd=cwd, scope=scope, home=home_dir(), stream=sys.stdout)
     return EXIT_OK  # problems are information, not a failure
 
 
 def cmd_recall(ctx: Ctx) -> int:
     from qwenctl.cli import emit_json
 
-    cwd = _cwd(ctx)
+    cwd = command_cwd(ctx)
     query = _query(ctx)
     if not query:
         return _fail(ctx, "the query is empty", EXIT_USAGE)
@@ -191,7 +184,7 @@ def cmd_recall(ctx: Ctx) -> int:
     if ctx.args.json:
         emit_json(res)
     else:
-        render_memory.memory_recall_report(res, home=_home(), show_prompt=ctx.args.show_prompt,
+        render_memory.memory_recall_report(res, home=home_dir(), show_prompt=ctx.args.show_prompt,
                                     stream=sys.stdout)
     return EXIT_OK
 
@@ -207,8 +200,8 @@ def cmd_forget(ctx: Ctx) -> int:
     from qwenctl.cli import emit_json
 
     a = ctx.args
-    cwd = _cwd(ctx)
-    home = _home()
+    cwd = command_cwd(ctx)
+    home = home_dir()
     query = _query(ctx)
     if not query:
         return _fail(ctx, "the query is empty", EXIT_USAGE)
@@ -255,19 +248,19 @@ def cmd_forget(ctx: Ctx) -> int:
 def cmd_status(ctx: Ctx) -> int:
     from qwenctl.cli import emit_json
 
-    cwd = _cwd(ctx)
+    cwd = command_cwd(ctx)
     res = ctx.call("memory.status", {"cwd": cwd})
     if ctx.args.json:
         emit_json(res)
     else:
-        render_memory.memory_status_report(res, cwd=cwd, home=_home(), stream=sys.stdout)
+        render_memory.memory_status_report(res, cwd=cwd, home=home_dir(), stream=sys.stdout)
     return EXIT_OK
 
 
 def cmd_dream(ctx: Ctx) -> int:
     from qwenctl.cli import emit_json
 
-    res = ctx.call("memory.dream", {"cwd": _cwd(ctx), "force": bool(ctx.args.force)})
+    res = ctx.call("memory.dream", {"cwd": command_cwd(ctx), "force": bool(ctx.args.force)})
     if ctx.args.json:
         emit_json(res)
     elif res["scheduled"]:
@@ -293,7 +286,7 @@ def cmd_log(ctx: Ctx) -> int:
     for e in reversed(entries):  # newest first
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e["time"]))
         target = f"undoes {e['undoes']}" if e.get("undoes") else render.short_path(
-            e["path"], cwd=os.getcwd(), home=_home())
+            e["path"], cwd=os.getcwd(), home=home_dir())
         rows.append((e["id"], when, e["agent"], e["action"], target))
     render.table(f"background changes (last {len(entries)})", rows,
                  ("id", "time", "agent", "action", "path"))

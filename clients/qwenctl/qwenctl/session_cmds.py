@@ -15,6 +15,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from qwenctl import render, render_sessions
+from qwenctl.cmdutil import home_dir
 from qwenctl.daemon_link import EXIT_DAEMON_ERROR, EXIT_OK
 
 if TYPE_CHECKING:
@@ -65,10 +66,6 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
 
 
 # -- helpers ----------------------------------------------------------------------------------
-def _home() -> str | None:
-    home = os.path.expanduser("~")
-    return home if home != "~" else None
-
 
 def _err(text: str) -> None:
     sys.stderr.write(f"qwenctl: {text}\n")
@@ -144,7 +141,7 @@ def cmd_list(ctx: Ctx) -> int:
     from qwenctl.cli import emit_json
 
     a = ctx.args
-    home = _home()
+    home = home_dir()
     if getattr(a, "all", False):
         res = ctx.call("session.list", {})
         title = "sessions (all projects)"
@@ -167,7 +164,7 @@ def cmd_show(ctx: Ctx) -> int:
     if ctx.args.json:
         emit_json({**row, "live": live})
     else:
-        render_sessions.session_detail(row, live, home=_home(), stream=sys.stdout)
+        render_sessions.session_detail(row, live, home=home_dir(), stream=sys.stdout)
     return EXIT_OK
 
 

@@ -16,11 +16,11 @@ asks for a review of a live session now (ignoring the tool-call count).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from typing import TYPE_CHECKING, Any
 
 from qwenctl import render, render_skills
+from qwenctl.cmdutil import command_cwd, home_dir
 from qwenctl.daemon_link import EXIT_OK
 
 if TYPE_CHECKING:
@@ -70,14 +70,6 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
 
 
 # -- helpers ----------------------------------------------------------------------------------
-def _home() -> str | None:
-    home = os.path.expanduser("~")
-    return home if home != "~" else None
-
-
-def _cwd(ctx: Ctx) -> str:
-    cwd = getattr(ctx.args, "cwd", None)
-    return os.path.abspath(cwd) if cwd else os.getcwd()
 
 
 # -- commands ---------------------------------------------------------------------------------
@@ -89,19 +81,19 @@ def cmd_skills(ctx: Ctx) -> int:
 def cmd_list(ctx: Ctx) -> int:
     from qwenctl.cli import emit_json
 
-    cwd = _cwd(ctx)
+    cwd = command_cwd(ctx)
     res = ctx.call("skills.list", {"cwd": cwd})
     if ctx.args.json:
         emit_json(res)
     else:
-        render_skills.skills_report(res, cwd=cwd, home=_home(), stream=sys.stdout)
+        render_skills.skills_report(res, cwd=cwd, home=home_dir(), stream=sys.stdout)
     return EXIT_OK  # load errors are information, not a failure
 
 
 def cmd_show(ctx: Ctx) -> int:
     from qwenctl.cli import emit_json
 
-    cwd = _cwd(ctx)
+    cwd = command_cwd(ctx)
     name = ctx.args.name
     # load first: an unknown name is the daemon's error (with the known names) -> exit 1
     loaded = ctx.call("skills.load", {"cwd": cwd, "name": name})
@@ -112,7 +104,7 @@ def cmd_show(ctx: Ctx) -> int:
         emit_json({**(info or {"name": loaded["name"]}), "base_dir": loaded["base_dir"],
                    "content": loaded["content"], "shadowed": shadowed})
         return EXIT_OK
-    render_skills.skill_detail(info, loaded, shadowed, cwd=cwd, home=_home(), stream=sys.stdout)
+    render_skills.skill_detail(info, loaded, shadowed, cwd=cwd, home=home_dir(), stream=sys.stdout)
     return EXIT_OK
 
 
@@ -129,7 +121,7 @@ def cmd_review(ctx: Ctx) -> int:
         else:
             sys.stdout.write(f"skill review skipped: {res.get('reason')}\n")
         return EXIT_OK
-    cwd = _cwd(ctx)
+    cwd = command_cwd(ctx)
     if action in ("accept", "discard"):
         res = ctx.call(f"skills.review.{action}", {"cwd": cwd, "draft_id": ctx.args.draft_id})
         if ctx.args.json:
@@ -147,7 +139,7 @@ def cmd_review(ctx: Ctx) -> int:
     if not drafts:
         sys.stdout.write("skill drafts: none\n")
         return EXIT_OK
-    home = _home()
+    home = home_dir()
     rows = [(d["id"], d["name"] + ("*" if d.get("updates_existing") else "")
              + ("!" if d.get("problem") else ""),
              render.first_line(d.get("description") or ""),

@@ -1,0 +1,18 @@
+"""Small helpers every qwenctl command module shares (the cwd a command acts on, $HOME)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+
+def command_cwd(ctx: Any) -> str:
+    """``--cwd`` made absolute, or the current directory."""
+    cwd = getattr(ctx.args, "cwd", None)
+    return os.path.abspath(cwd) if cwd else os.getcwd()
+
+
+def home_dir() -> str | None:
+    """The home directory for ``~/`` shortening, None when it cannot be determined."""
+    home = os.path.expanduser("~")
+    return home if home != "~" else None
