@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-ALL = ["ping", "instructions", "sessions", "skills", "recall", "qwenctl_startup", "extraction"]
+ALL = ["ping", "instructions", "sessions", "skills", "recall", "qwenctl_startup", "extraction", "fuzz"]
 
 
 def main(argv: list[str]) -> int:

@@ -1,0 +1,124 @@
+"""A long fuzz run (SPEC §S9: ≥ 10 000 cases each) of the parsers that face untrusted input:
+the JSON-RPC frame dispatcher, YAML frontmatter, @import processing, the MEMORY.md index
+sanitiser and link encoding, and the secret scanner. Each case must not raise; timings are
+printed so a regression to super-linear behaviour shows. Deterministic (seeded)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import string
+import tempfile
+import time
+import urllib.parse
+from pathlib import Path
+from typing import Any
+
+from bench.common import save
+
+CASES = 10_000
+ALPHABET = string.printable + "@`[]()#:-{}\u200b\u202e\u4e2d\u6587\U0001f600\x00\x7f"
+
+
+def rand_text(rng: random.Random, n: int) -> str:
+    return "".join(rng.choice(ALPHABET) for _ in range(rng.randrange(n)))
+
+
+def fuzz_dispatch(rng: random.Random) -> int:
+    from qwenctxd.protocol.daemon import Empty
+    from qwenctxd.server.dispatch import Dispatcher, MethodSpec
+
+    d = Dispatcher()
+
+    async def ping(ctx: Any, p: Any) -> str:
+        return "pong"
+
+    d.register(MethodSpec("daemon.ping", Empty, ping))
+    pieces = [b'{"jsonrpc":"2.0"', b',"method":"daemon.ping"', b',"id":1', b',"params":{}', b"}",
+              b"[", b"]", b",", b'"', b"\\u0000", b"null", b"1e999", b"{", b"\xff"]
+
+    async def run() -> int:
+        for _ in range(CASES):
+            frame = b"".join(rng.choice(pieces) for _ in range(rng.randrange(1, 8)))
+            if rng.random() < 0.3:
+                frame = bytes(rng.randrange(256) for _ in range(rng.randrange(1, 64)))
+            await d.dispatch(frame, None)
+        return CASES
+
+    return asyncio.run(run())
+
+
+def fuzz_frontmatter(rng: random.Random) -> int:
+    from qwenctxd import frontmatter
+
+    for _ in range(CASES):
+        head = rng.choice(["---\n", "---\r\n", "", "\ufeff---\n"])
+        body = rand_text(rng, 80).replace("\x00", "")
+        frontmatter.parse(head + body + rng.choice(["\n---\n", "", "\n...\n"]) + body)
+    return CASES
+
+
+def fuzz_imports(rng: random.Random) -> int:
+    from qwenctxd.instructions.imports import process_imports
+
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        (root / ".git").mkdir()
+        (root / "a.md").write_text("A @./b.md\n")
+        (root / "b.md").write_text("B @./a.md `@./a.md`\n")
+        tokens = ["@./a.md", "@./b.md", "@../../etc/passwd", "@http://x", "`", "```\n", "a@b.c",
+                  "@./missing.md", "\n", " ", "    ", "@/etc/hostname"]
+        for _ in range(CASES):
+            text = "".join(rng.choice(tokens) for _ in range(rng.randrange(12)))
+            res = process_imports(text, root, project_root=root, fmt=rng.choice(["tree", "flat"]))
+            assert all(str(p).startswith(str(root)) for p in res.imports)
+    return CASES
+
+
+def fuzz_index(rng: random.Random) -> int:
+    from qwenctxd.memory.index import encode_index_target, sanitize_index_field
+
+    for _ in range(CASES):
+        field = sanitize_index_field(rand_text(rng, 300))
+        assert "\n" not in field and "](" not in field and "`" not in field
+        rel = rand_text(rng, 60).replace("\x00", "") or "x.md"
+        enc = encode_index_target(rel)
+        assert urllib.parse.unquote(enc) == rel  # the link always leads back to the file
+        assert " " not in enc and "(" not in enc and ")" not in enc
+    return CASES
+
+
+def fuzz_secrets(rng: random.Random) -> int:
+    from qwenctxd.memory.secrets import RULES, scan
+
+    ids = {r.id for r in RULES}
+    frags = ["sk-", "ghp_", "AKIA", "-----BEGIN PRIVATE KEY-----", "xoxb-", "hf_", "T3BlbkFJ",
+             "a" * 40, "0123456789", "-", "_", " "]
+    for _ in range(CASES):
+        text = "".join(rng.choice(frags) for _ in range(rng.randrange(20))) + rand_text(rng, 40)
+        assert {h.rule_id for h in scan(text)} <= ids
+    return CASES
+
+
+def main() -> dict[str, Any]:
+    import logging
+
+    import structlog
+
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR))
+    rng = random.Random(20261130)
+    results: dict[str, Any] = {}
+    print(f"fuzz: {CASES} cases per target, seed 20261130")
+    for name, fn in [("dispatch", fuzz_dispatch), ("frontmatter", fuzz_frontmatter),
+                     ("imports", fuzz_imports), ("index", fuzz_index), ("secrets", fuzz_secrets)]:
+        t0 = time.perf_counter()
+        n = fn(rng)
+        dt = time.perf_counter() - t0
+        results[name] = {"cases": n, "seconds": round(dt, 3)}
+        print(f"  {name:<12} {n:>6} cases  {dt:6.2f} s  ({dt / n * 1e6:7.1f} µs/case)  ok")
+    save("fuzz", results)
+    return results
+
+
+if __name__ == "__main__":
+    main()
