@@ -27,6 +27,7 @@ from qwenctxd.agents.tools import (
     MAX_GLOB_RESULTS,
     SKIP_DIRS,
     cap,
+    grep_args,
     grep_file,
     read_lines,
     run_readonly_shell,
@@ -115,13 +116,7 @@ async def glob(ctx: OverlayToolContext, args: dict[str, Any]) -> str:
 
 
 async def grep_search(ctx: OverlayToolContext, args: dict[str, Any]) -> str:
-    raw = args.get("pattern")
-    if not isinstance(raw, str) or not raw:
-        raise ValueError("pattern is required")
-    rx = re.compile(raw)
-    root = _abs(ctx, args.get("path") or str(ctx.cwd), "path")
-    include = args.get("include")
-    matcher = wglob.compile([include], flags=wglob.GLOBSTAR | wglob.BRACE) if include else None
+    rx, root, matcher = grep_args(ctx.cwd, args)
 
     def run() -> str:
         files: dict[Path, Path] = {}  # shown path -> where to read it

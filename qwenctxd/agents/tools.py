@@ -156,14 +156,22 @@ async def glob(ctx: ToolContext, args: dict[str, Any]) -> str:
     return cap(await anyio.to_thread.run_sync(run))
 
 
-async def grep_search(ctx: ToolContext, args: dict[str, Any]) -> str:
+def grep_args(cwd: Path, args: dict[str, Any]) -> tuple[re.Pattern[str], Path, Any]:
+    """(compiled pattern, search root, file-name matcher or None) from grep_search's args."""
     raw = args.get("pattern")
     if not isinstance(raw, str) or not raw:
         raise ValueError("pattern is required")
-    rx = re.compile(raw)
-    root = _abs(ctx, args.get("path") or str(ctx.cwd), "path")
+    raw_root = args.get("path") or str(cwd)
+    if not isinstance(raw_root, str):
+        raise ValueError("path must be a string")
+    root = Path(os.path.normpath(raw_root if os.path.isabs(raw_root) else cwd / raw_root))
     include = args.get("include")
     matcher = wglob.compile([include], flags=wglob.GLOBSTAR | wglob.BRACE) if include else None
+    return re.compile(raw), root, matcher
+
+
+async def grep_search(ctx: ToolContext, args: dict[str, Any]) -> str:
+    rx, root, matcher = grep_args(ctx.cwd, args)
 
     def run() -> str:
         out: list[str] = []

@@ -281,15 +281,8 @@ async def run_pre_compact(
     cmds = matching_commands(hooks_cfg, "PreCompact", trigger)
     if not cmds:
         return HookRun()
-    cwd_s = os.fspath(cwd) if cwd is not None else None
-    payload = {
-        "hook_event_name": "PreCompact",
-        "trigger": trigger,
-        "session_id": session_id,
-        "cwd": cwd_s,
-        "transcript_path": os.fspath(transcript_path) if transcript_path is not None else None,
-        "custom_instructions": custom_instructions or "",
-    }
+    cwd_s, payload = _payload("PreCompact", trigger, session_id, cwd, transcript_path,
+                              custom_instructions=custom_instructions or "")
     outcomes = await _run_all("PreCompact", cmds, payload, cwd_s)
     texts = []
     for res in outcomes:
@@ -301,6 +294,21 @@ async def run_pre_compact(
         additional_instructions=joined or None,
         events=[_event("PreCompact", c, r) for c, r in zip(cmds, outcomes, strict=True)],
     )
+
+
+def _payload(event: str, trigger: str, session_id: str, cwd: str | os.PathLike[str] | None,
+             transcript_path: str | os.PathLike[str] | None, **extra: Any
+             ) -> tuple[str | None, dict[str, Any]]:
+    """(cwd as str, the JSON a hook receives on stdin) for ``event``."""
+    cwd_s = os.fspath(cwd) if cwd is not None else None
+    return cwd_s, {
+        "hook_event_name": event,
+        "trigger": trigger,
+        "session_id": session_id,
+        "cwd": cwd_s,
+        "transcript_path": os.fspath(transcript_path) if transcript_path is not None else None,
+        **extra,
+    }
 
 
 async def run_post_compact(
@@ -316,15 +324,8 @@ async def run_post_compact(
     cmds = matching_commands(hooks_cfg, "PostCompact", trigger)
     if not cmds:
         return HookRun()
-    cwd_s = os.fspath(cwd) if cwd is not None else None
-    payload = {
-        "hook_event_name": "PostCompact",
-        "trigger": trigger,
-        "session_id": session_id,
-        "cwd": cwd_s,
-        "transcript_path": os.fspath(transcript_path) if transcript_path is not None else None,
-        "summary": summary,
-    }
+    cwd_s, payload = _payload("PostCompact", trigger, session_id, cwd, transcript_path,
+                              summary=summary)
     outcomes = await _run_all("PostCompact", cmds, payload, cwd_s)
     return HookRun(
         events=[_event("PostCompact", c, r) for c, r in zip(cmds, outcomes, strict=True)]
