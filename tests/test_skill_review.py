@@ -256,6 +256,43 @@ def test_gates_skills_edited_disabled_and_direct_writes(spawn, stub: ScriptedOpe
     assert d.call("skills.review.list", {"cwd": str(off)})["drafts"] == []
 
 
+def test_kill_9_mid_review_leaves_no_orphan_draft(spawn, stub: ScriptedOpenAI) -> None:  # type: ignore[no-untyped-def]
+    d: SpawnedDaemon = spawn(env=model_env(stub))
+    settings(d.home / ".qwen" / "settings.json", {"enableAutoSkill": True,
+                                                  "autoSkillToolCalls": 3})
+    d.start()
+    repo = make_repo(d.home, "repo")
+
+    def handler(body: dict[str, Any]) -> Reply:
+        if not is_reviewer(body):
+            return Reply(content="ok")
+        if body["messages"][-1]["role"] == "tool":
+            return Reply(content="never seen", delay_s=30)  # the daemon dies meanwhile
+        return Reply(tool_calls=[call("w1", "write_file", content=SKILL.format(name="half"),
+                                      file_path=str(write_base(body) / "half" / "SKILL.md"))])
+
+    stub.handler = handler
+    sid = d.call("session.open", {"cwd": str(repo), "model": "stub-model"})["session_id"]
+    assert "skill-review" in tool_turn(d, sid, "deploy", three_reads(repo))["scheduled"]
+    staging = d.home / ".local" / "state" / "qwenctxd" / "skill-drafts"
+    half = wait_for(lambda: list(staging.glob("*/*/half/SKILL.md")), 10.0)
+    assert half, "the reviewer never wrote its draft"
+    assert d.call("skills.review.list", {"cwd": str(repo)})["drafts"] == []  # still running
+    assert half[0].exists()
+    d.kill9()
+    again: SpawnedDaemon = spawn(root=d.root, env=model_env(stub))
+    again.log_path = d.root / "again.log"
+    again.start()
+    # a finished draft of the same project survives the pruning of the orphan
+    kept = half[0].parent.parent.parent / "1700000000-0123abcd"
+    (kept / "kept").mkdir(parents=True)
+    (kept / "kept" / "SKILL.md").write_text(SKILL.format(name="kept"))
+    (kept / ".draft.json").write_text(json.dumps({"name": "kept", "created_at": 1.0}))
+    drafts = again.call("skills.review.list", {"cwd": str(repo)})["drafts"]
+    assert [x["name"] for x in drafts] == ["kept"]
+    assert not half[0].parent.parent.exists()
+
+
 # -- units --------------------------------------------------------------------------------------
 
 

@@ -21,7 +21,8 @@ frontmatter, concise steps) or revises an existing project skill; otherwise it c
   ``$XDG_STATE_HOME/qwenctxd/skill-drafts/<project-slug>/<draft-id>/<name>/SKILL.md``. A draft
   becomes visible (``list_drafts``) only when the run finished and left a ``SKILL.md``: the
   daemon then writes ``<draft-id>/.draft.json``; a failed, timed-out, cancelled or empty run's
-  staging dir is removed. ``accept`` copies the draft into ``<root>/.qwen/skills/<name>/`` (each
+  staging dir is removed, and one left by a crash (no ``.draft.json``) is pruned by the next
+  review of the project or the next listing. ``accept`` copies the draft into ``<root>/.qwen/skills/<name>/`` (each
   file atomically, through the audit log, ``SKILL.md`` last so the skills watcher sees a
   complete folder) and removes the draft; ``discard`` removes it.
 - false: the project's ``<root>/.qwen/skills`` directly (the skills watcher picks it up).
@@ -339,6 +340,9 @@ class SkillReviewer:
                           session=session_id, allow_shell=False)
         minutes = settings.memory.agent_timeout_minutes
         try:
+            if confirm:
+                await anyio.to_thread.run_sync(
+                    lambda: self.prune_orphans(root, keep=draft_id))
             existing = await anyio.to_thread.run_sync(_existing_skills, root, cwd, settings)
             spec = AgentSpec(
                 name="skill-reviewer", system=SYSTEM,
@@ -445,8 +449,34 @@ class SkillReviewer:
                      created_at=float(created), updates_existing=updates,
                      session_id=sid if isinstance(sid, str) else None, problem=problem)
 
+    def prune_orphans(self, root: Path, *, keep: str | None = None) -> list[str]:
+        """Remove staging folders with no ``.draft.json`` left by a crashed or killed run.
+
+        One review per project runs at a time (this daemon is single-instance), so while none
+        is running every unmarked folder is an orphan; ``keep`` spares the run's own folder.
+        """
+        if self.running(root) and keep is None:
+            return []
+        base = drafts_dir(root)
+        removed = []
+        try:
+            entries = [e.name for e in os.scandir(base)
+                       if e.is_dir(follow_symlinks=False) and DRAFT_ID_RE.fullmatch(e.name)]
+        except OSError:
+            return []
+        for name in entries:
+            if name == keep or (base / name / MARKER).is_file():
+                continue
+            shutil.rmtree(base / name, ignore_errors=True)
+            removed.append(name)
+        if removed:
+            log.info("skill review: removed orphan staging folders", root=str(root),
+                     drafts=removed)
+        return removed
+
     def list_drafts(self, root: Path) -> list[Draft]:
-        """The project's finished drafts, oldest first."""
+        """The project's finished drafts, oldest first (orphans of a crash are pruned)."""
+        self.prune_orphans(root)
         base = drafts_dir(root)
         try:
             entries = sorted(e.name for e in os.scandir(base)
@@ -457,7 +487,7 @@ class SkillReviewer:
         for name in entries:
             d = base / name
             if not (d / MARKER).is_file():
-                continue  # still being written (or left by a crash)
+                continue  # still being written by the running review
             draft = self._read_draft(root, d)
             if draft is not None:
                 out.append(draft)
