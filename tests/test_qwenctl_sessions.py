@@ -131,7 +131,8 @@ def test_list_current_dir_cwd_and_all(world: World) -> None:
     assert table[0] == ["id", "updated", "msgs", "state", "title", "cwd"]
     assert len(table) == 2
     short, updated, msgs, state, title, cwd = table[1]
-    assert short == SID_A[:8] and msgs == "2" and state == "open" and title == "-"
+    assert short == SID_A[:8] and msgs == "2" and state == "open"
+    assert title == "refactor auth please"  # the first user message, until the user names it
     assert cwd == "~/proj-a" and re.fullmatch(r"\d+[smhd] ago", updated)
     # `list` spelled out, --cwd (relative is made absolute), and --all
     r = qwenctl(d, "sessions", "list", "--cwd", "proj-b", cwd=d.home)
@@ -162,13 +163,56 @@ def test_list_json_shapes(world: World) -> None:
     s = res["sessions"][0]
     assert set(s) == LIST_KEYS
     assert s["session_id"] == SID_A and s["cwd"] == str(world.a)
-    assert s["messages"] == 2 and s["open"] is True and s["title"] is None
+    assert s["messages"] == 2 and s["open"] is True and s["title"] == "refactor auth please"
     assert res == d.call("session.list", {"cwd": str(world.a)})
     r = qwenctl(d, "--json", "sessions", "list", "--all")
     assert r.returncode == 0, r.stderr
     all_ = json.loads(r.stdout)["sessions"]
     assert {x["session_id"] for x in all_} == {SID_A, SID_B}
     assert all(set(x) == LIST_KEYS for x in all_)
+
+
+# -- title ------------------------------------------------------------------------------------
+def test_title_auto_then_manual_survives_restart(world: World, spawn) -> None:  # type: ignore[no-untyped-def]
+    d, stub = world.d, world.stub
+    turn(d, stub, SID_A, "a second question does not rename the session")
+    assert listed(d)[SID_A]["title"] == "refactor auth please"
+    # a closed session is renamed through its record file
+    d.call("session.close", {"session_id": SID_B})
+    r = qwenctl(d, "sessions", "title", "a1b2f", "Fix", "the   CI build")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == f"{SID_B[:8]}  Fix the CI build"
+    # an open one through the daemon; --json gives the result
+    r = qwenctl(d, "--json", "sessions", "title", SID_A, "Auth refactor")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == {"session_id": SID_A, "title": "Auth refactor"}
+    titles = {k: v["title"] for k, v in listed(d).items()}
+    assert titles == {SID_A: "Auth refactor", SID_B: "Fix the CI build"}
+    rec = [json.loads(ln) for ln in (d.home / ".qwen" / "projects").glob(
+        f"*/chats/{SID_B}.jsonl").__next__().read_text().splitlines()]
+    assert rec[-1]["subtype"] == "custom_title"
+    assert rec[-1]["systemPayload"] == {"customTitle": "Fix the CI build",
+                                        "titleSource": "manual"}
+    # bad input: a clear error, nothing changed
+    for bad, field in (("   ", "title"), ("x" * 201, "title")):
+        r = qwenctl(d, "--json", "sessions", "title", SID_A, bad)
+        assert r.returncode == 1 and "title" in r.stderr, r.stderr
+        assert json.loads(r.stdout)["error"]["data"]["field"] == field
+    unknown = qwenctl(d, "sessions", "title", "ffffffff", "x")
+    assert unknown.returncode == 1 and "no session matches" in unknown.stderr
+    # kill -9, a new daemon, a lost index: the titles come back from the JSONL
+    d.kill9()
+    for f in (d.home / ".local" / "state" / "qwenctxd").glob("sessions.sqlite*"):
+        f.unlink()
+    again: SpawnedDaemon = spawn(root=d.root, env=model_env(stub))
+    again.log_path = d.root / "again.log"
+    again.start()
+    assert again.call("daemon.drain", {"timeout_s": 10})["drained"]  # the index rebuild
+    assert {k: v["title"] for k, v in listed(again).items()} == titles
+    again.call("session.open", {"cwd": str(world.a), "model": "stub-model",
+                                "session_id": SID_A, "resume": True})
+    turn(again, stub, SID_A, "yet another question")
+    assert listed(again)[SID_A]["title"] == "Auth refactor"
 
 
 # -- show -------------------------------------------------------------------------------------
@@ -180,7 +224,7 @@ def test_show_by_prefix_open_and_closed(world: World) -> None:
     assert r.stdout.splitlines()[0] == f"session {SID_A[:8]}"
     fields = dict(row for row in rows(r.stdout) if len(row) == 2)
     assert fields["id"] == SID_A and fields["cwd"] == "~/proj-a"
-    assert fields["messages"] == "2" and fields["title"] == "-"
+    assert fields["messages"] == "2" and fields["title"] == "refactor auth please"
     assert fields["state"] == "open in the daemon" and fields["model"] == "stub-model"
     used, window = status["prompt_tokens"], status["window_tokens"]
     assert window == 100_000 and used > 0

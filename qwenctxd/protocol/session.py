@@ -150,6 +150,16 @@ class DeleteResult(msgspec.Struct, kw_only=True):
     deleted: bool
 
 
+class SetTitleParams(Params):
+    session_id: str
+    title: str
+
+
+class SetTitleResult(msgspec.Struct, kw_only=True):
+    session_id: str
+    title: str
+
+
 # -- session.context --------------------------------------------------------------------------
 class ContextPart(msgspec.Struct, kw_only=True):
     name: str

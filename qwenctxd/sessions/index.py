@@ -172,16 +172,17 @@ class SessionIndex(CacheDatabase):
         await self._write_many(_UPSERT, [_row(summary, project)])
 
     async def touch(
-        self, session_id: str, *, updated_at: str | None, messages: int, size: int, mtime_ns: int
+        self, session_id: str, *, updated_at: str | None, messages: int, size: int, mtime_ns: int,
+        title: str | None = None,
     ) -> bool:
-        """The cheap per-turn update; ``False`` if there is no such row."""
+        """The cheap per-turn update (``title`` only when given); ``False`` if no such row."""
         db = self._conn()
         assert self._lock is not None
         async with self._lock:
             cur = await db.execute(
-                "UPDATE sessions SET updated_at = ?, messages = ?, size = ?, mtime_ns = ? "
-                "WHERE session_id = ?",
-                (updated_at, messages, size, mtime_ns, session_id),
+                "UPDATE sessions SET updated_at = ?, messages = ?, size = ?, mtime_ns = ?, "
+                "title = COALESCE(?, title) WHERE session_id = ?",
+                (updated_at, messages, size, mtime_ns, title, session_id),
             )
             await db.commit()
             return cur.rowcount > 0

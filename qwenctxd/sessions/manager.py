@@ -30,7 +30,7 @@ from qwenctxd.model import ModelClient
 from qwenctxd.paths import runtime_base_dir
 from qwenctxd.protocol import errors
 from qwenctxd.protocol import session as wire
-from qwenctxd.sessions import records
+from qwenctxd.sessions import records, titles
 from qwenctxd.sessions.index import SessionIndex
 from qwenctxd.sessions.state import Session
 from qwenctxd.skills.listing import SKILL_TOOL
@@ -193,7 +193,7 @@ class SessionManager:
 
         async def touch() -> None:
             await self.index.touch(s.id, updated_at=iso(s.updated_at), messages=len(s.messages),
-                                   size=_size(s.path), mtime_ns=_mtime(s.path))
+                                   size=_size(s.path), mtime_ns=_mtime(s.path), title=s.title)
 
         self.tasks.submit("index", touch, key=f"index:{s.id}", project=str(s.cwd))
 
@@ -243,6 +243,42 @@ class SessionManager:
                 pass
         await self.index.delete(session_id)
         return wire.DeleteResult(deleted=deleted or s is not None)
+
+    # -- titles -------------------------------------------------------------------------------
+    def apply_title(self, s: Session, title: str, *, source: str) -> None:
+        """Set ``s.title`` and record it (a ``custom_title`` record) in the session's JSONL."""
+        s.title = title
+        self.record(s, {}, subtype=records.SUBTYPE_TITLE,
+                    payload={"customTitle": title, "titleSource": source})
+
+    async def set_title(self, session_id: str, raw: str) -> wire.SetTitleResult:
+        """The user's title for an open or a recorded session; never replaced by an auto one."""
+        title = titles.manual_title(raw)
+        s = self.sessions.get(session_id)
+        if s is not None:
+            async with s.lock:
+                self.apply_title(s, title, source="manual")
+            await self._index_upsert(s)
+            return wire.SetTitleResult(session_id=session_id, title=title)
+        row = await self.index.get(session_id)
+        hint = Path(row["path"]) if row and row.get("path") else None
+        path = await anyio.to_thread.run_sync(_locate, session_id, Path("/"), hint)
+        if path is None:
+            raise errors.SessionNotFound(f"unknown session {session_id}",
+                                         data={"session_id": session_id})
+
+        def append() -> records.SessionSummary:
+            writer = records.JsonlWriter(path, session_id=session_id, version=__version__,
+                                         fsync="always")
+            try:
+                writer.append_title(title, source="manual")
+            finally:
+                writer.close()
+            return records.scan_summary(path)
+
+        summary = await anyio.to_thread.run_sync(append)
+        await self.index.upsert(summary, project=None)
+        return wire.SetTitleResult(session_id=session_id, title=title)
 
     async def close(self, session_id: str) -> None:
         s = self.get(session_id)

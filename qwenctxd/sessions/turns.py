@@ -26,6 +26,7 @@ from qwenctxd.protocol import session as wire
 from qwenctxd.protocol.instructions import prefix_hash
 from qwenctxd.sessions.manager import SessionManager
 from qwenctxd.sessions.state import Session, system_tokens
+from qwenctxd.sessions.titles import auto_title
 from qwenctxd.skills import listing
 
 log = structlog.get_logger("qwenctxd.turns")
@@ -46,6 +47,10 @@ class TurnPipeline:
             events: list[dict[str, Any]] = []
             reminders: list[wire.Reminder] = []
             new_msgs = self._incoming(s, p, events)
+            if p.kind == "user" and s.title is None and p.text:
+                title = auto_title(p.text)
+                if title is not None:
+                    self.m.apply_title(s, title, source="auto")
             if p.kind == "user":
                 for hook in getattr(self.m, "user_turn_hooks", []):
                     hook(s)

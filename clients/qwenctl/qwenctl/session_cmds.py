@@ -47,7 +47,7 @@ def _scope(p: argparse.ArgumentParser) -> None:
 def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     """Register ``sessions`` and its subcommands on the top-level subparsers ``sub``."""
     s = sub.add_parser("sessions", parents=[common],
-                       help="recorded sessions: list, show, recap, delete, summary")
+                       help="recorded sessions: list, show, title, recap, delete, summary")
     _scope(s)
     ss = s.add_subparsers(dest="sessions_command", metavar="SUBCOMMAND")
     ls = ss.add_parser("list", parents=[common],
@@ -55,6 +55,10 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     _scope(ls)
     sh = ss.add_parser("show", parents=[common], help="one session's details")
     sh.add_argument("session", metavar="ID", help="session id or a unique prefix of one")
+    ti = ss.add_parser("title", parents=[common],
+                       help="give a session your own title (kept over the automatic one)")
+    ti.add_argument("session", metavar="ID", help="session id or a unique prefix of one")
+    ti.add_argument("title", metavar="TITLE", nargs="+", help="the new title")
     rc = ss.add_parser("recap", parents=[common], help='a short "where were we" note')
     rc.add_argument("session", metavar="ID", help="session id or a unique prefix of one")
     de = ss.add_parser("delete", parents=[common], help="delete a session's record")
@@ -213,6 +217,19 @@ def cmd_delete(ctx: Ctx) -> int:
     return EXIT_OK
 
 
+def cmd_title(ctx: Ctx) -> int:
+    from qwenctl.cli import emit_json
+
+    row = _row(ctx)
+    res = ctx.call("session.set_title", {"session_id": row["session_id"],
+                                         "title": " ".join(ctx.args.title)})
+    if ctx.args.json:
+        emit_json(res)
+    else:
+        sys.stdout.write(f"{res['session_id'][:8]}  {res['title']}\n")
+    return EXIT_OK
+
+
 def cmd_summary(ctx: Ctx) -> int:
     from qwenctl.cli import emit_json
 
@@ -228,6 +245,7 @@ def cmd_summary(ctx: Ctx) -> int:
 _COMMANDS = {
     "list": cmd_list,
     "show": cmd_show,
+    "title": cmd_title,
     "recap": cmd_recap,
     "delete": cmd_delete,
     "summary": cmd_summary,

@@ -76,6 +76,9 @@ def register(daemon: Daemon) -> None:
             parts=[wire.ContextPart(name=x.name, tokens=x.tokens, pct=x.pct) for x in r.parts],
             free_tokens=r.free_tokens, free_pct=r.free_pct)
 
+    async def set_title(ctx: Connection, p: wire.SetTitleParams) -> wire.SetTitleResult:
+        return await manager.set_title(p.session_id, p.title)
+
     async def close(ctx: Connection, p: wire.SessionIdParams) -> dwire.OkResult:
         await manager.close(p.session_id)
         return dwire.OkResult()
@@ -89,6 +92,7 @@ def register(daemon: Daemon) -> None:
         MethodSpec("session.recap", wire.SessionIdParams, recap),
         MethodSpec("session.project_summary", wire.SessionIdParams, project_summary),
         MethodSpec("session.delete", wire.SessionIdParams, delete),
+        MethodSpec("session.set_title", wire.SetTitleParams, set_title),
         MethodSpec("session.close", wire.SessionIdParams, close),
         MethodSpec("session.context", wire.SessionIdParams, context),
     ):
