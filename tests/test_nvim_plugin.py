@@ -132,6 +132,7 @@ SCENARIO = r"""
   vim.cmd("runtime plugin/qwenctx.lua")
   R.commands = vim.fn.exists(":QwenCtxStatus") == 2 and vim.fn.exists(":QwenCtxContext") == 2
     and vim.fn.exists(":QwenCtxRecall") == 2 and vim.fn.exists(":QwenCtxSessions") == 2
+    and vim.fn.exists(":QwenCtxTitle") == 2
   R.default_socket = qc.socket_path()
 
   -- nobody listening: one clean error line, to the callback and to vim.notify
@@ -191,6 +192,16 @@ SCENARIO = r"""
   R.context = view_lines("context")
   vim.cmd("QwenCtxSessions")
   R.sessions = view_lines("sessions")
+  local n2 = #notes
+  vim.cmd("QwenCtxTitle Pangolin   hunt")
+  vim.wait(3000, function() return #notes > n2 end, 10)
+  R.title_note = notes[#notes] and notes[#notes].msg
+  vim.cmd("QwenCtxSessions")
+  vim.wait(3000, function()
+    local b = qc.view_buffer("sessions")
+    return table.concat(vim.api.nvim_buf_get_lines(b, 0, -1, false), "\n"):find("Pangolin") ~= nil
+  end, 10)
+  R.titled = view_lines("sessions")
   vim.cmd("QwenCtxRecall pangolin marker")
   R.recall = view_lines("recall")
   vim.wait(200)
@@ -267,6 +278,12 @@ def test_assemble_commands_and_reconnect_after_restart(
     assert any(line.split()[:2] == ["I", "instructions"] for line in ctx)
     sessions = r["sessions"]["lines"]
     assert any(line.startswith("*") and first["session_id"] in line for line in sessions)
+    mine = next(line for line in sessions if line.startswith("*"))
+    assert mine.rstrip().endswith(("first", "hello")), sessions  # the automatic title
+    assert r["title_note"] == (f"qwenctx: session {first['session_id'][:8]} is now titled: "
+                               "Pangolin hunt"), r["title_note"]
+    mine = next(line for line in r["titled"]["lines"] if line.startswith("*"))
+    assert mine.rstrip().endswith("Pangolin hunt"), r["titled"]
     assert r["recall"]["lines"][0] == "qwenctx recall: pangolin marker"
     assert any("strategy" in line for line in r["recall"]["lines"])
     assert "stack traceback" not in stderr and "E5108" not in stderr, stderr

@@ -34,3 +34,7 @@ end, { nargs = "+", desc = "qwenctxd: memories recalled for a query" })
 cmd("QwenCtxSessions", function()
   require("qwenctx").cmd_sessions()
 end, { nargs = 0, desc = "qwenctxd: sessions of this project" })
+
+cmd("QwenCtxTitle", function(a)
+  require("qwenctx").cmd_title(a.args)
+end, { nargs = "+", desc = "qwenctxd: title this project's session" })

@@ -287,6 +287,22 @@ function M.sessions(opts, cb)
   end)
 end
 
+--- set_title(opts, cb): names the session assemble() continues for a project; cb(err, res)
+--- gets the session.set_title result {session_id, title}. opts: title (required), cwd (default:
+--- the current buffer's project root).
+function M.set_title(opts, cb)
+  opts = opts or {}
+  if type(opts.title) ~= "string" or not opts.title:find("%S") then
+    return call_cb(cb, rpc.error("usage", "opts.title must be a non-blank string"))
+  end
+  local root = opts.cwd and normalize_dir(opts.cwd) or M.project_root()
+  local sid = state.sessions[root]
+  if not sid then
+    return call_cb(cb, rpc.error("usage", "no session for " .. root .. " yet (assemble() opens one)"))
+  end
+  M.request("session.set_title", { session_id = sid, title = opts.title }, cb)
+end
+
 --- context(opts, cb): cb(err, ctx, info) — the session.context answer for the project's
 --- session: the one assemble() continues, else the newest in session.list (preferring open
 --- ones). A session the daemon does not hold (it restarted, or was closed) is resumed for the
@@ -414,6 +430,18 @@ function M.cmd_recall(query)
       return notify_err("recall", err)
     end
     M.show("recall", picture.recall_lines(query, res))
+  end)
+end
+
+function M.cmd_title(text)
+  if not text or not text:find("%S") then
+    return notify("usage: :QwenCtxTitle {title}", vim.log.levels.ERROR)
+  end
+  M.set_title({ title = text }, function(err, res)
+    if err then
+      return notify_err("title", err)
+    end
+    notify("session " .. res.session_id:sub(1, 8) .. " is now titled: " .. res.title)
   end)
 end
 
