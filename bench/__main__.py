@@ -5,7 +5,8 @@ from __future__ import annotations
 import importlib
 import sys
 
-ALL = ["ping", "instructions", "sessions", "skills", "recall", "qwenctl_startup", "extraction", "fuzz"]
+ALL = ["ping", "instructions", "sessions", "skills", "recall", "qwenctl_startup", "extraction",
+       "shell_classify", "fuzz"]
 
 
 def main(argv: list[str]) -> int:

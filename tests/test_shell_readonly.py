@@ -349,18 +349,16 @@ def test_pathological_inputs_fail_closed() -> None:
     assert classify(" && ".join(["ls"] * 3000)).read_only
 
 
-def test_median_time(capsys: pytest.CaptureFixture[str]) -> None:
+def test_median_time_is_a_liveness_bound() -> None:
+    """A generous bound only; the figures are in ``python -m bench shell_classify``."""
     command = "git log --oneline | head -5 && cat x > /dev/null"
     assert classify(command).read_only
     samples = []
-    for _ in range(500):
+    for _ in range(200):
         start = time.perf_counter()
         classify(command)
         samples.append(time.perf_counter() - start)
-    median = statistics.median(samples)
-    with capsys.disabled():
-        print(f"\nclassify median: {median * 1e6:.0f} µs for {command!r}")
-    assert median < 0.005
+    assert statistics.median(samples) < 0.005
 
 
 def test_thread_safety() -> None:

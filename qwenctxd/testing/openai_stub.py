@@ -307,7 +307,8 @@ class _Handler(BaseHTTPRequestHandler):
         return cast(_Server, self.server).stub
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
-        log.debug("openai_stub_http", line=format % args)
+        """No access log: every request is in ``stub.requests``; a failing test's output stays
+        readable instead of carrying one line per model call."""
 
     # -- routing -----------------------------------------------------------------------------
 
