@@ -80,6 +80,15 @@ def three_reads(repo: Path, prefix: str = "r") -> list[dict[str, Any]]:
             call(f"{prefix}3", "run_shell_command", command="make deploy ENV=staging")]
 
 
+def started_with_auto_skill(spawn, stub: ScriptedOpenAI) -> tuple[SpawnedDaemon, Path]:  # type: ignore[no-untyped-def]
+    """A daemon whose user settings review after 3 tool calls, and a project ``~/repo``."""
+    d: SpawnedDaemon = spawn(env=model_env(stub))
+    settings(d.home / ".qwen" / "settings.json", {"enableAutoSkill": True,
+                                                  "autoSkillToolCalls": 3})
+    d.start()
+    return d, make_repo(d.home, "repo")
+
+
 def wait_for(fn: Any, timeout: float = 3.0) -> Any:
     deadline = time.monotonic() + timeout
     while True:
@@ -97,11 +106,7 @@ def stub():  # type: ignore[no-untyped-def]
 
 
 def test_draft_list_accept_discard(spawn, stub: ScriptedOpenAI) -> None:  # type: ignore[no-untyped-def]
-    d: SpawnedDaemon = spawn(env=model_env(stub))
-    settings(d.home / ".qwen" / "settings.json", {"enableAutoSkill": True,
-                                                  "autoSkillToolCalls": 3})
-    d.start()
-    repo = make_repo(d.home, "repo")
+    d, repo = started_with_auto_skill(spawn, stub)
     reviews: list[dict[str, Any]] = []
     names = iter(["deploy-staging", "release-notes"])
 
@@ -257,11 +262,7 @@ def test_gates_skills_edited_disabled_and_direct_writes(spawn, stub: ScriptedOpe
 
 
 def test_kill_9_mid_review_leaves_no_orphan_draft(spawn, stub: ScriptedOpenAI) -> None:  # type: ignore[no-untyped-def]
-    d: SpawnedDaemon = spawn(env=model_env(stub))
-    settings(d.home / ".qwen" / "settings.json", {"enableAutoSkill": True,
-                                                  "autoSkillToolCalls": 3})
-    d.start()
-    repo = make_repo(d.home, "repo")
+    d, repo = started_with_auto_skill(spawn, stub)
 
     def handler(body: dict[str, Any]) -> Reply:
         if not is_reviewer(body):

@@ -23,14 +23,13 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import stat
 import tempfile
 import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 
-from qwenctxd.fsutil import atomic_write
+from qwenctxd.fsutil import atomic_copy, atomic_write
 from qwenctxd.protocol.errors import PathOutsideProject
 
 __all__ = ["OverlayClosed", "OverlayFS", "default_overlay_dir"]
@@ -78,26 +77,6 @@ def _sha256(path: Path) -> str | None:
             return hashlib.file_digest(f, "sha256").hexdigest()
     except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
         return None
-
-
-def _atomic_copy(src: Path, dst: Path) -> None:
-    """Copy ``src``'s bytes and mode to ``dst`` through a temp file + rename in dst's dir."""
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    mode = stat.S_IMODE(os.stat(src).st_mode)
-    fd, tmp = tempfile.mkstemp(prefix=f".{dst.name}.", suffix=".tmp", dir=dst.parent)
-    try:
-        with os.fdopen(fd, "wb") as out, open(src, "rb") as inp:
-            shutil.copyfileobj(inp, out)
-            out.flush()
-            os.fsync(out.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, dst)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
 
 
 class OverlayFS:
@@ -360,7 +339,7 @@ class OverlayFS:
                     continue
                 if target.is_symlink():
                     target.unlink()  # replace the link itself, never write through it
-                _atomic_copy(self._ov(rel), target)
+                atomic_copy(self._ov(rel), target)
                 applied.append(Path(rel))
             self._remove_dir()
             return sorted(set(applied))
