@@ -26,6 +26,7 @@ from qwenctxd.agents.overlay import OverlayClosed, OverlayFS
 from qwenctxd.agents.tools import (
     MAX_GLOB_RESULTS,
     SKIP_DIRS,
+    apply_edit,
     cap,
     grep_args,
     grep_file,
@@ -176,19 +177,15 @@ async def edit(ctx: OverlayToolContext, args: dict[str, Any]) -> str:
             lambda: ctx.overlay.resolve_read(path).read_text(encoding="utf-8"))
     except OSError as exc:
         return f"Error: cannot read {path}: {exc.strerror or exc}"
-    count = text.count(old) if old else 0
-    if count == 0:
-        return f"Error: old_string not found in {path}"
-    if count > 1 and not args.get("replace_all"):
-        return f"Error: old_string occurs {count} times in {path}; give more context or " \
-               f"set replace_all"
-    updated = text.replace(old, new) if args.get("replace_all") else text.replace(old, new, 1)
+    updated, message = apply_edit(path, text, old, new, bool(args.get("replace_all")))
+    if updated is None:
+        return message
     try:
         await anyio.to_thread.run_sync(ctx.overlay.write, path, updated)
     except PathOutsideProject:
         return _refused_outside(ctx, path)
     ctx.files_written.append(str(path))
-    return f"Edited {path} ({count if args.get('replace_all') else 1} replacement(s))"
+    return message
 
 
 async def run_shell_command(ctx: OverlayToolContext, args: dict[str, Any]) -> str:

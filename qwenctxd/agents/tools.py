@@ -202,6 +202,20 @@ async def write_file(ctx: ToolContext, args: dict[str, Any]) -> str:
     return f"{'Created' if entry.action == 'create' else 'Wrote'} {path} ({len(content)} chars)"
 
 
+def apply_edit(path: Path, text: str, old: str, new: str, replace_all: bool
+               ) -> tuple[str | None, str]:
+    """The ``edit`` tool's rule, for the real and the overlay file views: ``old`` must occur
+    exactly once unless ``replace_all``. (new text, success message) or (None, the error)."""
+    count = text.count(old) if old else 0
+    if count == 0:
+        return None, f"Error: old_string not found in {path}"
+    if count > 1 and not replace_all:
+        return None, (f"Error: old_string occurs {count} times in {path}; give more context "
+                      f"or set replace_all")
+    updated = text.replace(old, new) if replace_all else text.replace(old, new, 1)
+    return updated, f"Edited {path} ({count if replace_all else 1} replacement(s))"
+
+
 async def edit(ctx: ToolContext, args: dict[str, Any]) -> str:
     path = _abs(ctx, args.get("file_path"), "file_path")
     old, new = args.get("old_string"), args.get("new_string")
@@ -214,17 +228,13 @@ async def edit(ctx: ToolContext, args: dict[str, Any]) -> str:
         text = await anyio.to_thread.run_sync(path.read_text)
     except OSError as exc:
         return f"Error: cannot read {path}: {exc.strerror}"
-    count = text.count(old) if old else 0
-    if count == 0:
-        return f"Error: old_string not found in {path}"
-    if count > 1 and not args.get("replace_all"):
-        return f"Error: old_string occurs {count} times in {path}; give more context or " \
-               f"set replace_all"
-    updated = text.replace(old, new) if args.get("replace_all") else text.replace(old, new, 1)
+    updated, message = apply_edit(path, text, old, new, bool(args.get("replace_all")))
+    if updated is None:
+        return message
     await anyio.to_thread.run_sync(
         lambda: ctx.audit.write_file(path, updated, agent=ctx.agent, session=ctx.session))
     ctx.files_written.append(str(path))
-    return f"Edited {path} ({count if args.get('replace_all') else 1} replacement(s))"
+    return message
 
 
 def _clean_env() -> dict[str, str]:
