@@ -158,7 +158,7 @@ async def test_git_status_timeout(repo: Path) -> None:
     start = time.monotonic()
     assert await git_status(repo, timeout_s=0.000001) is None
     assert await git_status(repo, timeout_s=0) is None
-    assert time.monotonic() - start < 0.5
+    assert time.monotonic() - start < 2.0  # liveness: no wait for git
 
 
 @pytest.mark.asyncio

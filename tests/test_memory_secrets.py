@@ -248,7 +248,7 @@ def test_adversarial_input_scans_in_linear_time(
     hits = scan(text)
     elapsed = time.perf_counter() - start
     assert rule_id not in [hit.rule_id for hit in hits]
-    assert elapsed < 0.2, f"{rule_id}: {elapsed * 1000:.1f} ms"
+    assert elapsed < 1.0, f"{rule_id}: {elapsed * 1000:.1f} ms"
 
 
 def test_every_rule_has_an_adversarial_case() -> None:

@@ -378,18 +378,19 @@ async def test_complete_json_does_not_learn_fallback_when_json_object_fails_too(
 
 @pytest.mark.asyncio
 async def test_complete_json_attempts_share_one_deadline() -> None:
-    reply = Reply(content='{"title": "t", "score": 0}', delay_s=0.4)
+    reply = Reply(content='{"title": "t", "score": 0}', delay_s=5)
     with ScriptedOpenAI(default=reply) as stub:
-        # The json_schema attempt is rejected after 0.4 s; the fallback gets only what is left.
-        stub.push(Reply(content="x", fault="http_500", delay_s=0.4))
+        # The json_schema attempt is rejected after 0.8 s; the fallback gets only what is left
+        # of the 1.2 s, so the call ends near 1.2 s — a deadline per attempt would end at 2.0 s.
+        stub.push(Reply(content="x", fault="http_500", delay_s=0.8))
         async with ModelClient(_endpoint(stub.base_url)) as client:
             await client.warm_up()
             started = time.monotonic()
             with pytest.raises(ModelUnavailable) as info:
-                await client.complete_json(USER, SCHEMA, name="r", timeout_s=0.6)
+                await client.complete_json(USER, SCHEMA, name="r", timeout_s=1.2)
             elapsed = time.monotonic() - started
     assert _reason(info) == "timeout"
-    assert elapsed < 1.0
+    assert 1.1 <= elapsed < 1.85
     assert [r.response_format_type for r in stub.chat_requests] == ["json_schema", "json_object"]
 
 

@@ -337,7 +337,7 @@ def test_long_pipeline_is_fast() -> None:
     verdict = classify(command)
     elapsed = time.perf_counter() - start
     assert verdict.read_only, verdict.reason
-    assert elapsed < 0.25
+    assert elapsed < 1.0
     assert not classify(command + " | rm x").read_only
 
 
