@@ -149,8 +149,14 @@ def test_prefetch_slow_model_arrives_on_the_next_tool_turn(spawn) -> None:  # ty
 
 def test_prefetch_instant_model_arrives_on_the_user_turn(spawn) -> None:  # type: ignore[no-untyped-def]
     with ScriptedOpenAI() as stub:
-        d: SpawnedDaemon = spawn(env=model_env(stub)).start()
+        d: SpawnedDaemon = spawn(env=model_env(stub))
         repo = repo_in(d.home)
+        # the default 50 ms grace fits an instant model on a quiet machine; give a busy CI
+        # machine room, which still proves the recall rides on the user turn itself
+        (repo / ".qwen").mkdir()
+        (repo / ".qwen" / "settings.json").write_text(
+            json.dumps({"memory": {"prefetchGraceMs": 2000}}))
+        d.start()
         a, _, _ = _seed(d, repo)
         stub.push(Reply(content=json.dumps({"selected_memories": [str(a)]})))
         d.call("memory.recall", {"cwd": str(repo), "query": "warm the client"})  # openai import
