@@ -87,13 +87,17 @@ def within_1pct(a: int, b: int) -> bool:
 def build(spawn) -> tuple[SpawnedDaemon, ScriptedOpenAI, str]:  # type: ignore[no-untyped-def]
     stub = ScriptedOpenAI(handler=handler, strict_chat=True)
     stub.__enter__()
-    d: SpawnedDaemon = spawn(env=model_env(stub)).start()
+    d: SpawnedDaemon = spawn(env=model_env(stub))
     d.stub = stub  # type: ignore[attr-defined]
     repo = d.home / "repo"
     (repo / ".git").mkdir(parents=True)
+    (repo / ".qwen").mkdir()
+    # the memory recall must land by the second turn even on a busy machine
+    (repo / ".qwen" / "settings.json").write_text('{"memory": {"prefetchGraceMs": 2000}}')
+    d.start()
     (repo / "QWEN.md").write_text("# Project\nAlways run the linters before a commit.\n" * 10)
     rules = repo / ".qwen" / "rules"
-    rules.mkdir(parents=True)
+    rules.mkdir()
     (rules / "ts.md").write_text('---\npaths: ["src/**/*.ts"]\n---\nPrefer strict TypeScript.\n')
     sk = repo / ".qwen" / "skills" / "deploy"
     sk.mkdir(parents=True)
