@@ -1,6 +1,7 @@
 """A long fuzz run (SPEC §S9: ≥ 10 000 cases each) of the parsers that face untrusted input:
 the JSON-RPC frame dispatcher, YAML frontmatter, @import processing, the MEMORY.md index
-sanitiser and link encoding, and the secret scanner. Each case must not raise; timings are
+sanitiser and link encoding, the secret scanner, and every served method through a spawned
+daemon's socket (params generated from its ``rpc.discover`` schema). Each case must not raise; timings are
 printed so a regression to super-linear behaviour shows. Deterministic (seeded)."""
 
 from __future__ import annotations
@@ -100,6 +101,33 @@ def fuzz_secrets(rng: random.Random) -> int:
     return CASES
 
 
+def fuzz_methods(rng: random.Random) -> int:
+    """Every served method through a spawned daemon's socket, from its rpc.discover schema:
+    no -32603, only documented codes, the daemon alive after."""
+    from qwenctxd.testing.rpc_fuzz import fuzz_daemon
+    from qwenctxd.testing.spawn import SpawnedDaemon
+
+    d = SpawnedDaemon().start()
+    try:
+        repo = d.home / "repo"
+        (repo / ".git").mkdir(parents=True)
+        (repo / "src").mkdir()
+        (repo / "src" / "a.py").write_text("x = 1\n")
+        (repo / "QWEN.md").write_text("Use tabs. @./src/a.py\n")
+        sessions = [d.call("session.open", {"cwd": str(repo), "model": "m"})["session_id"]]
+        with d.client() as c:
+            report = fuzz_daemon(c, calls=CASES, seed=rng.randrange(2**32), project=repo,
+                                 sessions=sessions)
+        assert report.internal == [], report.internal[:5]
+        assert report.undocumented == [], report.undocumented[:5]
+        assert d.call("daemon.ping") == "pong"
+        print(f"  methods outcomes: {dict(report.outcomes)}")
+        return report.calls
+    finally:
+        d.stop()
+        d.cleanup()
+
+
 def main() -> dict[str, Any]:
     import logging
 
@@ -110,7 +138,8 @@ def main() -> dict[str, Any]:
     results: dict[str, Any] = {}
     print(f"fuzz: {CASES} cases per target, seed 20261130")
     for name, fn in [("dispatch", fuzz_dispatch), ("frontmatter", fuzz_frontmatter),
-                     ("imports", fuzz_imports), ("index", fuzz_index), ("secrets", fuzz_secrets)]:
+                     ("imports", fuzz_imports), ("index", fuzz_index), ("secrets", fuzz_secrets),
+                     ("methods", fuzz_methods)]:
         t0 = time.perf_counter()
         n = fn(rng)
         dt = time.perf_counter() - t0

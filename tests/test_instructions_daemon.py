@@ -305,6 +305,12 @@ def test_add_memory(daemon: SpawnedDaemon) -> None:
     with pytest.raises(RemoteError) as exc:
         daemon.call("instructions.add_memory", {"cwd": str(cwd), "scope": "team", "text": "x"})
     assert exc.value.code == -32602 and exc.value.data["field"] == "scope"
+    for empty in ("", "  \n", "*", "-*-"):  # nothing left once list markers are dropped
+        with pytest.raises(RemoteError) as exc:
+            daemon.call("instructions.add_memory", {"cwd": str(cwd), "scope": "project",
+                                                    "text": empty})
+        assert exc.value.code == -32602 and exc.value.data["field"] == "text"
+    assert (repo / "QWEN.md").read_text().endswith("- prefers tabs over spaces\n- second\n")
 
 
 def test_bad_cwd_is_a_clear_error(daemon: SpawnedDaemon) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 
 
@@ -85,7 +87,7 @@ class StatusResult(msgspec.Struct, kw_only=True):
     connections: int = 0
     requests: int = 0
     activated: bool = False
-    model: dict[str, object] = msgspec.field(default_factory=dict)
+    model: dict[str, Any] = msgspec.field(default_factory=dict)
     config: ConfigStatus | None = None
     inotify_watches: int = 0
     counters: dict[str, int] = msgspec.field(default_factory=dict)

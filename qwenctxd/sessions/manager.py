@@ -107,12 +107,7 @@ class SessionManager:
                                    prompt_tokens=tokens, window_tokens=s.window_tokens,
                                    path=str(s.path))
         if p.session_id is not None:
-            try:
-                uuid.UUID(p.session_id)
-            except ValueError:
-                raise errors.InvalidParams("session_id must be a UUID",
-                                           data={"field": "session_id", "message": "not a UUID"}
-                                           ) from None
+            checked_id(p.session_id)
         settings = self.instructions.settings_for(cwd)
         root = self.instructions.project_root(cwd)
         session_id = p.session_id or str(uuid.uuid4())
@@ -224,6 +219,7 @@ class SessionManager:
         return wire.ProjectSummaryResult(path=str(target), text=text)
 
     async def delete(self, session_id: str) -> wire.DeleteResult:
+        checked_id(session_id)
         s = self.sessions.pop(session_id, None)
         path: Path | None = None
         if s is not None:
@@ -253,6 +249,7 @@ class SessionManager:
 
     async def set_title(self, session_id: str, raw: str) -> wire.SetTitleResult:
         """The user's title for an open or a recorded session; never replaced by an auto one."""
+        checked_id(session_id)
         title = titles.manual_title(raw)
         s = self.sessions.get(session_id)
         if s is not None:
@@ -332,6 +329,19 @@ class SessionManager:
             writer = s.writer
             self.tasks.submit("jsonl-flush", lambda: anyio.to_thread.run_sync(_fsync, writer),
                               key=f"jsonl-flush:{s.id}", project=str(s.cwd))
+
+
+def checked_id(session_id: str) -> str:
+    """``session_id`` when it has a session id's form (a UUID); else InvalidParams naming it."""
+    try:
+        ok = bool(records.SESSION_ID_RE.match(session_id)) and bool(uuid.UUID(session_id))
+    except ValueError:
+        ok = False
+    if not ok:
+        raise errors.InvalidParams(
+            f"session_id {session_id[:80]!r} is not a session id (a UUID)",
+            data={"field": "session_id", "message": "not a UUID"})
+    return session_id
 
 
 def with_skill_tool(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -1,9 +1,10 @@
-"""Handlers of the ``daemon.*`` family: hello, ping, status, drain, shutdown, subscribe."""
+"""Handlers of the ``daemon.*`` family (hello, ping, status, drain, shutdown, subscribe) and
+``rpc.discover`` (the OpenRPC document of every method)."""
 
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from qwenctxd import PROTOCOL_VERSION, __version__
 from qwenctxd.protocol import daemon as wire
@@ -57,6 +58,16 @@ def register(daemon: Daemon) -> None:
         ctx.subscribe(p.topics)
         return wire.OkResult()
 
+    discovered: dict[str, Any] = {}
+
+    async def discover(ctx: Connection, p: wire.Empty) -> dict[str, Any]:
+        if not discovered:
+            from qwenctxd.server.discover import openrpc_document
+
+            discovered.update(openrpc_document(daemon.dispatcher.specs.values(),
+                                               version=__version__))
+        return discovered
+
     for spec in (
         MethodSpec("daemon.hello", wire.HelloParams, hello, allowed_while_stopping=True),
         MethodSpec("daemon.ping", wire.Empty, ping, allowed_while_stopping=True, quiet=True),
@@ -65,5 +76,6 @@ def register(daemon: Daemon) -> None:
         MethodSpec("daemon.drain", wire.DrainParams, drain, allowed_while_stopping=True),
         MethodSpec("daemon.shutdown", wire.ShutdownParams, shutdown, allowed_while_stopping=True),
         MethodSpec("daemon.subscribe", wire.SubscribeParams, subscribe),
+        MethodSpec("rpc.discover", wire.Empty, discover, allowed_while_stopping=True),
     ):
         daemon.dispatcher.register(spec)

@@ -76,8 +76,11 @@ def register(daemon: Daemon) -> None:
 
     async def add_memory(ctx: Connection, p: wire.AddMemoryParams) -> wire.AddMemoryResult:
         cwd = checked_cwd(p.cwd)
-        if not p.text.strip():
-            raise errors.InvalidParams("text is empty", data={"field": "text", "message": "empty"})
+        try:
+            memory_file.bullet(p.text)
+        except ValueError:
+            raise errors.InvalidParams("text is empty (nothing left after list markers)",
+                                       data={"field": "text", "message": "empty"}) from None
         settings = service.settings_for(cwd)
         name = normalize_filenames(settings.context.file_name)[0]
         if p.scope == "global":
