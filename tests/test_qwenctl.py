@@ -128,3 +128,46 @@ def test_units_pass_systemd_analyze(daemon: SpawnedDaemon) -> None:
     )
     assert r.returncode == 0, r.stderr
     assert "qwenctxd" not in r.stderr
+
+
+def test_methods_lists_and_describes_from_rpc_discover(daemon: SpawnedDaemon) -> None:
+    r = qwenctl(daemon, "methods")
+    assert r.returncode == 0, r.stderr
+    rows = dict(line.split(None, 1) for line in r.stdout.splitlines())
+    served = [m["name"] for m in daemon.call("rpc.discover")["methods"]]
+    assert list(rows) == served
+    assert rows["session.set_title"] == "{session_id, title}"
+    assert rows["daemon.drain"] == "{timeout_s?}" and rows["daemon.ping"] == "{}"
+    r = qwenctl(daemon, "methods", "session.turn")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == "session.turn" and lines[-1] == "result  AssembledPrompt"
+    fields = {ln.split()[0]: ln.split(None, 2)[1:] for ln in lines[2:-1]}
+    assert fields["session_id"] == ["required", "str"]
+    assert fields["kind"] == ["required", '"cron"|"tool_results"|"user"']
+    assert fields["tool_results"] == ["optional", "[ToolResult] | null"]
+    as_json = json.loads(qwenctl(daemon, "--json", "methods", "daemon.drain").stdout)
+    assert as_json["name"] == "daemon.drain" and as_json["params"][0]["name"] == "timeout_s"
+    unknown = qwenctl(daemon, "methods", "no.such")
+    assert unknown.returncode == 2 and "no method 'no.such'" in unknown.stderr
+
+
+def test_call_sends_raw_requests(daemon: SpawnedDaemon) -> None:
+    r = qwenctl(daemon, "call", "daemon.ping")
+    assert r.returncode == 0 and json.loads(r.stdout) == "pong"
+    r = qwenctl(daemon, "call", "prompt.system", json.dumps({"cwd": str(daemon.home)}))
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["text"] == daemon.call("prompt.system",
+                                                       {"cwd": str(daemon.home)})["text"]
+    piped = subprocess.run([sys.executable, "-m", "qwenctl", "call", "session.list", "-"],
+                           input=json.dumps({"cwd": str(daemon.home)}), env=daemon.env,
+                           capture_output=True, text=True, timeout=30)
+    assert piped.returncode == 0 and json.loads(piped.stdout) == {"sessions": []}
+    bad = qwenctl(daemon, "--json", "call", "session.list", '{"cwd": 5}')
+    assert bad.returncode == 1 and "-32602" in bad.stderr
+    assert json.loads(bad.stdout)["error"]["data"]["field"] == "cwd"
+    assert qwenctl(daemon, "call", "no.such").returncode == 1
+    for params in ("[1", "5"):
+        r = qwenctl(daemon, "call", "daemon.ping", params)
+        assert r.returncode == 2 and "PARAMS" in r.stderr
+    assert daemon.call("daemon.ping") == "pong"

@@ -19,6 +19,7 @@ from qwenctl import (
     instructions_cmds,
     memory_cmds,
     render,
+    rpc_cmds,
     session_cmds,
     skills_cmds,
 )
@@ -145,6 +146,8 @@ COMMANDS: dict[str, Callable[[Ctx], int]] = {
     "skills": skills_cmds.cmd_skills,
     "memory": memory_cmds.cmd_memory,
     "context": context_cmds.cmd_context,
+    "methods": rpc_cmds.cmd_methods,
+    "call": rpc_cmds.cmd_call,
 }
 
 
@@ -193,6 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
     skills_cmds.add_parser(sub, common)
     memory_cmds.add_parser(sub, common)
     context_cmds.add_parser(sub, common)
+    rpc_cmds.add_parser(sub, common)
     return p
 
 
