@@ -280,3 +280,22 @@ def test_status_shows_roots(world: World) -> None:
                             "team": None}
     assert res["counts"] == {"project": 2, "user": 1}
     assert res == d.call("memory.status", {"cwd": str(world.repo)})
+
+
+def test_memory_add_project_and_global(daemon: SpawnedDaemon) -> None:
+    repo = daemon.home / "repo"
+    (repo / ".git").mkdir(parents=True)
+    (repo / "sub").mkdir()
+    r = qwenctl(daemon, "memory", "add", "prefer", "tabs", cwd=repo / "sub")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "added to ~/repo/QWEN.md"
+    assert (repo / "QWEN.md").read_text() == "## Qwen Added Memories\n- prefer tabs\n"
+    r = qwenctl(daemon, "--json", "memory", "add", "--global", "answer in English", cwd=repo)
+    assert r.returncode == 0, r.stderr
+    target = daemon.home / ".qwen" / "QWEN.md"
+    assert json.loads(r.stdout) == {"path": str(target)}
+    assert target.read_text().endswith("- answer in English\n")
+    prompt = daemon.call("prompt.system", {"cwd": str(repo)})["text"]
+    assert "- prefer tabs" in prompt and "- answer in English" in prompt
+    empty = qwenctl(daemon, "memory", "add", "--", "-*-", cwd=repo)
+    assert empty.returncode == 1 and "text is empty" in empty.stderr

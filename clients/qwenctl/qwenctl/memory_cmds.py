@@ -6,7 +6,9 @@ session turn runs (the model when one is configured, else lexical) and shows the
 chose. ``forget QUERY…`` is two steps: the daemon proposes candidates (``memory.forget_candidates``),
 qwenctl prints them and asks before anything is deleted (``memory.forget``); without a terminal
 to ask on it needs ``--yes``. ``status`` shows the memory roots, counts, index size and the
-extract / dream bookkeeping.
+extract / dream bookkeeping. ``add TEXT…`` is upstream's ``/memory add``: one bullet under
+``## Qwen Added Memories`` in the project's QWEN.md (``--global``: ``~/.qwen/QWEN.md``), read by
+every later prompt of that scope.
 """
 
 from __future__ import annotations
@@ -24,7 +26,6 @@ from qwenctl.daemon_link import EXIT_DAEMON_ERROR, EXIT_OK, EXIT_USAGE
 if TYPE_CHECKING:
     from qwenctl.cli import Ctx
 
-SUBCOMMANDS = ("list", "recall", "forget", "status")
 SCOPES = ("project", "user", "team")
 
 
@@ -58,7 +59,7 @@ def _positive(text: str) -> int:
 def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     """Register ``memory`` and its subcommands on the top-level subparsers ``sub``."""
     m = sub.add_parser("memory", parents=[common],
-                       help="auto memory of a directory: list, recall, forget, status")
+                       help="auto memory of a directory: list, recall, forget, add, status")
     _cwd_option(m)
     _scope_option(m)
     ms = m.add_subparsers(dest="memory_command", metavar="SUBCOMMAND")
@@ -97,6 +98,12 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
                        help="what background agents created, edited or deleted")
     lg.add_argument("--limit", type=_positive, default=30, metavar="N",
                     help="the last N entries (default 30)")
+    ad = ms.add_parser("add", parents=[common],
+                       help="add a bullet to the project's QWEN.md (--global: ~/.qwen/QWEN.md)")
+    ad.add_argument("text", nargs="+", metavar="TEXT", help="what to remember")
+    ad.add_argument("--global", dest="global_scope", action="store_true",
+                    help="the user's ~/.qwen/QWEN.md instead of the project's")
+    _cwd_option(ad)
     ud = ms.add_parser("undo", parents=[common],
                        help="restore the content before a logged change (see `memory log`)")
     ud.add_argument("id", metavar="ID", help="the entry id from `qwenctl memory log`")
@@ -257,6 +264,19 @@ def cmd_status(ctx: Ctx) -> int:
     return EXIT_OK
 
 
+def cmd_add(ctx: Ctx) -> int:
+    from qwenctl.cli import emit_json
+
+    scope = "global" if ctx.args.global_scope else "project"
+    res = ctx.call("instructions.add_memory", {"cwd": command_cwd(ctx), "scope": scope,
+                                               "text": " ".join(ctx.args.text)})
+    if ctx.args.json:
+        emit_json(res)
+    else:
+        sys.stdout.write(f"added to {render.short_path(res['path'], None, home_dir())}\n")
+    return EXIT_OK
+
+
 def cmd_dream(ctx: Ctx) -> int:
     from qwenctl.cli import emit_json
 
@@ -305,6 +325,7 @@ def cmd_undo(ctx: Ctx) -> int:
 
 
 _COMMANDS = {
+    "add": cmd_add,
     "dream": cmd_dream,
     "log": cmd_log,
     "undo": cmd_undo,

@@ -21,7 +21,6 @@ from qwenctl.daemon_link import EXIT_DAEMON_ERROR, EXIT_OK
 if TYPE_CHECKING:
     from qwenctl.cli import Ctx
 
-SUBCOMMANDS = ("list", "show", "recap", "delete", "summary")
 UNKNOWN_MODEL = "unknown"
 
 

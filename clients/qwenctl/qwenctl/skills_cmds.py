@@ -26,8 +26,6 @@ from qwenctl.daemon_link import EXIT_OK
 if TYPE_CHECKING:
     from qwenctl.cli import Ctx
 
-SUBCOMMANDS = ("list", "show", "review")
-REVIEW_SUBCOMMANDS = ("list", "accept", "discard", "run")
 
 
 # -- parser -----------------------------------------------------------------------------------
