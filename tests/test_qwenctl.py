@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
 import subprocess
 import sys
@@ -171,3 +173,55 @@ def test_call_sends_raw_requests(daemon: SpawnedDaemon) -> None:
         r = qwenctl(daemon, "call", "daemon.ping", params)
         assert r.returncode == 2 and "PARAMS" in r.stderr
     assert daemon.call("daemon.ping") == "pong"
+
+
+def test_logs_of_an_autostarted_daemon_rotation_and_follow(spawn) -> None:  # type: ignore[no-untyped-def]
+    d = spawn()
+    log = d.home / ".local" / "state" / "qwenctxd" / "qwenctxd.log"
+    missing = qwenctl(d, "logs")
+    assert missing.returncode == 1 and "journalctl --user -u qwenctxd" in missing.stderr
+    # an oversized log from earlier daemons is set aside when the next one is started
+    log.parent.mkdir(parents=True)
+    with open(log, "wb") as f:
+        f.write(b'{"event": "old"}\n')
+        f.truncate(8 * 1024 * 1024)
+    assert qwenctl(d, "status").returncode == 0  # auto-starts the daemon
+    assert (log.parent / "qwenctxd.log.1").stat().st_size == 8 * 1024 * 1024
+    assert log.stat().st_size < 64 * 1024
+    r = qwenctl(d, "logs", "-n", "50")
+    assert r.returncode == 0, r.stderr
+    serving = next(ln for ln in r.stdout.splitlines() if " serving " in ln + " ")
+    assert re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d  info     serving  socket=", serving)
+    raw = qwenctl(d, "--json", "logs", "-n", "3").stdout.splitlines()
+    assert len(raw) == 3 and all(isinstance(json.loads(x), dict) for x in raw)
+    follower = subprocess.Popen([sys.executable, "-m", "qwenctl", "logs", "-n", "0", "-f"],
+                                env=d.env, stdout=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 10
+        seen = ""
+        os.set_blocking(follower.stdout.fileno(), False)  # type: ignore[union-attr]
+        while "method=session.list" not in seen:
+            assert time.monotonic() < deadline, seen
+            qwenctl(d, "sessions", "--all")
+            time.sleep(0.3)
+            seen += follower.stdout.read() or ""  # type: ignore[union-attr]
+    finally:
+        follower.terminate()
+        follower.wait(5)
+        follower.stdout.close()  # type: ignore[union-attr]
+    assert qwenctl(d, "stop").returncode == 0
+
+
+def test_log_lines_for_people() -> None:
+    from qwenctl.logs_cmds import human
+
+    line = json.dumps({"method": "session.turn", "duration_ms": 0.6, "session": None,
+                       "error_code": -32602, "event": "request", "level": "info",
+                       "timestamp": "2026-11-30T07:16:26.147300Z"})
+    assert human(line) == ("2026-11-30 07:16:26  info     request  method=session.turn "
+                           "duration_ms=0.6 error_code=-32602")
+    crash = json.dumps({"event": "method failed", "level": "error", "timestamp": "",
+                        "exception": "Traceback (most recent call last):\n  boom\n"})
+    assert human(crash).endswith("method failed  exception=\nTraceback (most recent call "
+                                 "last):\n  boom")
+    assert human("Fatal Python error: Aborted") == "Fatal Python error: Aborted"

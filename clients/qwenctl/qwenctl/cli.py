@@ -17,6 +17,7 @@ import msgspec
 from qwenctl import (
     context_cmds,
     instructions_cmds,
+    logs_cmds,
     memory_cmds,
     render,
     rpc_cmds,
@@ -146,6 +147,7 @@ COMMANDS: dict[str, Callable[[Ctx], int]] = {
     "skills": skills_cmds.cmd_skills,
     "memory": memory_cmds.cmd_memory,
     "context": context_cmds.cmd_context,
+    "logs": logs_cmds.cmd_logs,
     "methods": rpc_cmds.cmd_methods,
     "call": rpc_cmds.cmd_call,
 }
@@ -197,6 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
     memory_cmds.add_parser(sub, common)
     context_cmds.add_parser(sub, common)
     rpc_cmds.add_parser(sub, common)
+    logs_cmds.add_parser(sub, common)
     return p
 
 

@@ -30,13 +30,30 @@ def start_hint(path: Path) -> str:
     )
 
 
+LOG_ROTATE_BYTES = 8 * 1024 * 1024
+
+
 def log_path() -> Path:
     return state_dir() / "qwenctxd.log"
+
+
+def rotate_log(logfile: Path, limit: int = LOG_ROTATE_BYTES) -> bool:
+    """Before a daemon is started on it: a log of ``limit`` bytes or more becomes
+    ``qwenctxd.log.1`` (replacing an older one), so the file of autostarted daemons stays
+    bounded. (A daemon under systemd logs to the journal, which rotates itself.)"""
+    try:
+        if logfile.stat().st_size < limit:
+            return False
+        os.replace(logfile, logfile.with_name(logfile.name + ".1"))
+        return True
+    except FileNotFoundError:
+        return False
 
 
 def spawn_daemon(sock: Path) -> subprocess.Popen[bytes]:
     logfile = log_path()
     logfile.parent.mkdir(parents=True, exist_ok=True)
+    rotate_log(logfile)
     env = dict(os.environ)
     env["QWENCTXD_SOCKET"] = str(sock)
     with open(logfile, "ab") as out:
