@@ -122,8 +122,30 @@ class SpawnedDaemon:
 
     def cleanup(self) -> None:
         self.stop()
+        self._reap_autostarted()
         if self._own_root:
             shutil.rmtree(self.root, ignore_errors=True)
+
+    def _reap_autostarted(self) -> None:
+        """Stop a daemon that ``qwenctl`` auto-started on this scratch tree (a test that failed
+        before its own ``qwenctl stop`` would otherwise leave it running)."""
+        from qwenctxd.paths import pid_path
+
+        try:
+            pid = int(pid_path(self.socket).read_text().split()[0])
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                ours = f"HOME={self.home}".encode() in f.read().split(b"\0")
+        except (OSError, ValueError, IndexError):
+            return
+        if not ours or (self.proc is not None and pid == self.proc.pid):
+            return
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + 5
+        while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+            time.sleep(0.02)
 
     def log_text(self) -> str:
         try:
