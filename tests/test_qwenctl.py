@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -196,18 +196,19 @@ def test_logs_of_an_autostarted_daemon_rotation_and_follow(spawn) -> None:  # ty
     assert len(raw) == 3 and all(isinstance(json.loads(x), dict) for x in raw)
     follower = subprocess.Popen([sys.executable, "-m", "qwenctl", "logs", "-n", "0", "-f"],
                                 env=d.env, stdout=subprocess.PIPE, text=True)
+    seen: list[str] = []
+    reader = threading.Thread(target=lambda: seen.extend(follower.stdout), daemon=True)  # type: ignore[arg-type]
+    reader.start()
     try:
         deadline = time.monotonic() + 10
-        seen = ""
-        os.set_blocking(follower.stdout.fileno(), False)  # type: ignore[union-attr]
-        while "method=session.list" not in seen:
+        while not any("method=session.list" in ln for ln in seen):
             assert time.monotonic() < deadline, seen
             qwenctl(d, "sessions", "--all")
             time.sleep(0.3)
-            seen += follower.stdout.read() or ""  # type: ignore[union-attr]
     finally:
         follower.terminate()
         follower.wait(5)
+        reader.join(5)
         follower.stdout.close()  # type: ignore[union-attr]
     assert qwenctl(d, "stop").returncode == 0
 
