@@ -233,6 +233,20 @@ def test_qwenctl_context_piped_and_json(session) -> None:  # type: ignore[no-unt
     r = qwenctl(d, "context", "zzzz")
     assert r.returncode == 1 and "no session matches" in r.stderr
 
+    # no SESSION: the newest open session of the directory, or of its project above it
+    repo = d.home / "repo"
+    (repo / "src" / "deep").mkdir(parents=True)
+    older = d.call("session.open", {"cwd": str(repo), "model": "stub-model"})["session_id"]
+    d.call("session.close", {"session_id": older})
+    for where in (repo, repo / "src" / "deep"):
+        r = qwenctl(d, "--json", "context", "--cwd", str(where))
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout)["session_id"] == sid  # open wins over the newer closed one
+    elsewhere = d.home / "elsewhere"
+    elsewhere.mkdir()
+    r = qwenctl(d, "context", "--cwd", str(elsewhere))
+    assert r.returncode == 1 and "no sessions in" in r.stderr
+
 
 def test_qwenctl_context_resumes_a_closed_session(session) -> None:  # type: ignore[no-untyped-def]
     d, stub, sid = session

@@ -1,4 +1,4 @@
-"""``qwenctl context SESSION``: a picture of one session's context window.
+"""``qwenctl context [SESSION]``: a picture of one session's context window.
 
 One bar the width of the terminal (80 columns when piped) split into the parts
 ``session.context`` reports — system prompt base, instructions, memory, other system text,
@@ -7,7 +7,9 @@ free space as the remainder, the warn / auto / hard thresholds marked under it, 
 of the numbers. Coloured on a terminal; one letter per part and a legend when piped;
 ``--json`` prints the daemon's result.
 
-The session is named by its id or a unique prefix of one (as ``qwenctl sessions show``). A
+The session is named by its id or a unique prefix of one (as ``qwenctl sessions show``);
+without one, it is this directory's newest open session, else its newest recorded one (or
+those of the nearest parent directory with sessions, up to the project root). A
 session that is not open in the daemon is resumed for the call and closed again (as
 ``sessions recap`` does); such a session is counted without the client's own tool
 declarations, which only the client knows.
@@ -17,9 +19,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qwenctl import render_context, session_cmds
+from qwenctl.cmdutil import command_cwd
 from qwenctl.daemon_link import EXIT_OK
 
 if TYPE_CHECKING:
@@ -30,18 +34,43 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     """Register ``context`` on the top-level subparsers ``sub``."""
     c = sub.add_parser("context", parents=[common],
                        help="a picture of one session's context window, part by part")
-    c.add_argument("session", metavar="SESSION", help="session id or a unique prefix of one")
+    c.add_argument("session", metavar="SESSION", nargs="?",
+                   help="session id or a unique prefix of one (default: this directory's "
+                        "newest open session, else its newest)")
+    c.add_argument("--cwd", metavar="DIR", help="the directory whose session is meant "
+                                                "(default: the current one)")
     c.add_argument("--width", type=int, default=None,
                    help="bar width in columns (default: the terminal's, 80 when piped)")
+
+
+def default_session(ctx: Ctx, cwd: Path) -> dict[str, Any] | None:
+    """The newest open (else newest) session of ``cwd``, or of the nearest parent that has
+    sessions, going no higher than the project root (the first directory with ``.git``)."""
+    for d in (cwd, *cwd.parents):
+        rows = ctx.call("session.list", {"cwd": str(d)})["sessions"]  # newest first
+        if rows:
+            return next((r for r in rows if r.get("open")), rows[0])  # type: ignore[no-any-return]
+        if (d / ".git").exists():
+            return None
+    return None
 
 
 def cmd_context(ctx: Ctx) -> int:
     from qwenctl.cli import emit_json
 
-    try:
-        row = session_cmds.resolve(ctx.call("session.list", {})["sessions"], ctx.args.session)
-    except session_cmds.Resolve as exc:
-        return session_cmds._fail(ctx, str(exc), matches=exc.matches)  # noqa: SLF001
+    if ctx.args.session is None:
+        cwd = command_cwd(ctx)
+        row = default_session(ctx, Path(cwd))
+        if row is None:
+            return session_cmds._fail(  # noqa: SLF001
+                ctx, f"no sessions in {cwd} or its project; name one "
+                     "(see `qwenctl sessions --all`)")
+    else:
+        try:
+            row = session_cmds.resolve(ctx.call("session.list", {})["sessions"],
+                                       ctx.args.session)
+        except session_cmds.Resolve as exc:
+            return session_cmds._fail(ctx, str(exc), matches=exc.matches)  # noqa: SLF001
     res = session_cmds._with_open_session(ctx, row, "session.context")  # noqa: SLF001
     if ctx.args.json:
         emit_json(res)
