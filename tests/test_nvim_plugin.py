@@ -132,7 +132,7 @@ SCENARIO = r"""
   vim.cmd("runtime plugin/qwenctx.lua")
   R.commands = vim.fn.exists(":QwenCtxStatus") == 2 and vim.fn.exists(":QwenCtxContext") == 2
     and vim.fn.exists(":QwenCtxRecall") == 2 and vim.fn.exists(":QwenCtxSessions") == 2
-    and vim.fn.exists(":QwenCtxTitle") == 2
+    and vim.fn.exists(":QwenCtxTitle") == 2 and vim.fn.exists(":QwenCtxPrompt") == 2
   R.default_socket = qc.socket_path()
 
   -- nobody listening: one clean error line, to the callback and to vim.notify
@@ -204,6 +204,8 @@ SCENARIO = r"""
   R.titled = view_lines("sessions")
   vim.cmd("QwenCtxRecall pangolin marker")
   R.recall = view_lines("recall")
+  vim.cmd("QwenCtxPrompt")
+  R.prompt = view_lines("prompt")
   vim.wait(200)
   R.command_errors = errors_since(n1)
 """
@@ -286,6 +288,13 @@ def test_assemble_commands_and_reconnect_after_restart(
     assert mine.rstrip().endswith("Pangolin hunt"), r["titled"]
     assert r["recall"]["lines"][0] == "qwenctx recall: pangolin marker"
     assert any("strategy" in line for line in r["recall"]["lines"])
+    prompt_view = r["prompt"]["lines"]
+    assert prompt_view[0] == f"qwenctx prompt: {proj}" and r["prompt"]["name"] == "qwenctx://prompt"
+    assert any(ln.split()[:1] == ["instructions"] for ln in prompt_view)
+    assert any(MARKER in ln for ln in prompt_view)  # the prompt text itself follows the summary
+    expected_hash = d.call("prompt.system", {"cwd": str(proj), "model": "qwen3-coder-plus"})[
+        "prefix_hash"]
+    assert f"prefix hash: {expected_hash}" in prompt_view
     assert "stack traceback" not in stderr and "E5108" not in stderr, stderr
     assert proc.returncode == 0, (stdout, stderr)
 

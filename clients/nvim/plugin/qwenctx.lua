@@ -38,3 +38,7 @@ end, { nargs = 0, desc = "qwenctxd: sessions of this project" })
 cmd("QwenCtxTitle", function(a)
   require("qwenctx").cmd_title(a.args)
 end, { nargs = "+", desc = "qwenctxd: title this project's session" })
+
+cmd("QwenCtxPrompt", function()
+  require("qwenctx").cmd_prompt()
+end, { nargs = 0, desc = "qwenctxd: the system prompt this project's sessions get" })

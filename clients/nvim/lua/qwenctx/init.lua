@@ -287,6 +287,16 @@ function M.sessions(opts, cb)
   end)
 end
 
+--- prompt(opts, cb): cb(err, res, root) — prompt.system for a project (opts.cwd, default the
+--- current buffer's project root; opts.model, default setup's).
+function M.prompt(opts, cb)
+  opts = opts or {}
+  local root = opts.cwd and normalize_dir(opts.cwd) or M.project_root()
+  M.request("prompt.system", { cwd = root, model = opts.model or config.model }, function(err, res)
+    cb(err, res, root)
+  end)
+end
+
 --- set_title(opts, cb): names the session assemble() continues for a project; cb(err, res)
 --- gets the session.set_title result {session_id, title}. opts: title (required), cwd (default:
 --- the current buffer's project root).
@@ -430,6 +440,15 @@ function M.cmd_recall(query)
       return notify_err("recall", err)
     end
     M.show("recall", picture.recall_lines(query, res))
+  end)
+end
+
+function M.cmd_prompt()
+  M.prompt({}, function(err, res, root)
+    if err then
+      return notify_err("prompt", err)
+    end
+    M.show("prompt", picture.prompt_lines(root, res))
   end)
 end
 

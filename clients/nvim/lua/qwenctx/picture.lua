@@ -402,4 +402,38 @@ function M.sessions_lines(root, res, current)
   return lines
 end
 
+--- prompt.system for a project: a summary (sections, files, problems, prefix hash), a rule,
+--- then the prompt text itself, line by line.
+function M.prompt_lines(root, res)
+  local lines = { "qwenctx prompt: " .. root, "" }
+  local rows, total_chars, total_tokens = {}, 0, 0
+  for _, s in ipairs(v(res.sections) or {}) do
+    table.insert(rows, { tostring(s.name), M.int(s.chars), M.int(s.est_tokens) })
+    total_chars = total_chars + (v(s.chars) or 0)
+    total_tokens = total_tokens + (v(s.est_tokens) or 0)
+  end
+  table.insert(rows, { "total", M.int(total_chars), M.int(total_tokens) })
+  for _, l in ipairs(M.table(rows, { "section", "chars", "est_tokens" }, { [2] = true, [3] = true })) do
+    table.insert(lines, l)
+  end
+  local files = v(res.files) or {}
+  table.insert(lines, "")
+  table.insert(lines, #files == 0 and "files: none" or "files")
+  for _, f in ipairs(files) do
+    table.insert(lines, "  " .. tostring(v(f.type) or "?") .. "  " .. tostring(v(f.path) or "?"))
+  end
+  local problems = v(res.errors) or {}
+  table.insert(lines, #problems == 0 and "problems: none" or "problems")
+  for _, e in ipairs(problems) do
+    table.insert(lines, "  " .. tostring(v(e.kind) or "?") .. "  " .. tostring(v(e.path) or "")
+      .. ": " .. tostring(v(e.message) or ""))
+  end
+  table.insert(lines, "prefix hash: " .. tostring(v(res.prefix_hash) or "?"))
+  table.insert(lines, string.rep("-", 72))
+  for _, l in ipairs(vim.split(tostring(v(res.text) or ""), "\n", { plain = true })) do
+    table.insert(lines, l)
+  end
+  return lines
+end
+
 return M
