@@ -61,8 +61,9 @@ def user_texts(history: Sequence[dict[str, Any]]) -> list[tuple[int, str]]:
         if m.get("role") != "user":
             continue
         c = m.get("content")
-        parts = [c] if isinstance(c, str) else [p.get("text", "") for p in c or []
-                                                  if isinstance(p, dict) and p.get("type") == "text"]
+        parts = [c] if isinstance(c, str) else [
+            p["text"] for p in (c if isinstance(c, list) else [])
+            if isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)]
         text = " ".join(p for p in parts if not p.lstrip().startswith("<system-reminder>"))
         if text.strip():
             out.append((i, " ".join(text.split())))

@@ -39,7 +39,10 @@ REASONING_KEYS = ("reasoning_content", "reasoning", "thinking")
 
 def is_media_part(part: Any) -> bool:
     """True when ``part`` is a content part of a media type (see :data:`MEDIA_PART_TYPES`)."""
-    return isinstance(part, dict) and part.get("type") in MEDIA_PART_TYPES
+    if not isinstance(part, dict):
+        return False
+    kind = part.get("type")
+    return isinstance(kind, str) and kind in MEDIA_PART_TYPES
 
 
 def _part_tokens(part: Any, image_tokens: int) -> int:
@@ -48,7 +51,7 @@ def _part_tokens(part: Any, image_tokens: int) -> int:
         if kind == "text":
             text = part.get("text")
             return estimate_tokens(text) if isinstance(text, str) else 0
-        if kind in MEDIA_PART_TYPES:
+        if isinstance(kind, str) and kind in MEDIA_PART_TYPES:
             return image_tokens
     if isinstance(part, str):
         return estimate_tokens(part)

@@ -46,9 +46,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from qwenctxd.compaction.estimate import (
-    MEDIA_PART_TYPES,
     REASONING_KEYS,
     content_tokens,
+    is_media_part,
     reasoning_tokens,
 )
 from qwenctxd.tokens import DEFAULT_IMAGE_TOKENS, estimate_tokens
@@ -278,7 +278,7 @@ def micro_compact(
             elif isinstance(content, list):
                 error = None
                 for j, part in enumerate(content):
-                    if isinstance(part, dict) and part.get("type") in MEDIA_PART_TYPES:
+                    if is_media_part(part):
                         found["nested_media"] += 1
                         if error is None:
                             error = is_error_result(msg)
@@ -288,7 +288,7 @@ def micro_compact(
             content = msg.get("content")
             if isinstance(content, list):
                 for j, part in enumerate(content):
-                    if isinstance(part, dict) and part.get("type") in MEDIA_PART_TYPES:
+                    if is_media_part(part):
                         found["media"] += 1
                         media_refs.append((i, j))
         elif role == "assistant":

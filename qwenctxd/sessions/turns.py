@@ -24,6 +24,7 @@ from qwenctxd.instructions.rules import relative_to_root, rule_reminder
 from qwenctxd.protocol import errors
 from qwenctxd.protocol import session as wire
 from qwenctxd.protocol.instructions import prefix_hash
+from qwenctxd.sessions.content_parts import check_parts
 from qwenctxd.sessions.manager import SessionManager
 from qwenctxd.sessions.state import Session, system_tokens
 from qwenctxd.sessions.titles import auto_title
@@ -86,6 +87,8 @@ class TurnPipeline:
                                            data={"field": "tool_results", "message": "empty"})
             seen: set[str] = set()
             for i, r in enumerate(results):
+                if isinstance(r.content, list):
+                    check_parts(r.content, f"tool_results[{i}].content")
                 if r.tool_call_id not in pending or r.tool_call_id in seen:
                     raise errors.InvalidParams(
                         f"tool_results[{i}].tool_call_id {r.tool_call_id!r} answers no pending "
@@ -124,6 +127,7 @@ class TurnPipeline:
             raise errors.InvalidParams(f"a {p.kind} turn needs text or images",
                                        data={"field": "text", "message": "missing"})
         if p.images:
+            check_parts(p.images, "images")
             content: Any = ([{"type": "text", "text": p.text}] if p.text else []) + list(p.images)
         else:
             content = p.text
