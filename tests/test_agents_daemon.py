@@ -111,6 +111,16 @@ def test_speculation_accept_and_abort(spawn) -> None:  # type: ignore[no-untyped
             assert exc.code == -32602
         else:
             raise AssertionError("unknown speculation accepted")
+        # a session at the filesystem root: its "project" would contain the overlay directory
+        at_root = d.call("session.open", {"cwd": "/", "model": "stub-model"})["session_id"]
+        try:
+            d.call("speculation.start", {"session_id": at_root, "suggestion": "refactor"})
+        except RemoteError as exc:
+            assert exc.code == -32602 and exc.data["field"] == "session_id"
+            assert "overlay directory" in exc.message
+        else:
+            raise AssertionError("speculation started over the whole filesystem")
+        assert d.call("daemon.ping") == "pong"
 
 
 def test_kill_9_during_a_dream_recovers_the_lock(spawn) -> None:  # type: ignore[no-untyped-def]

@@ -319,7 +319,8 @@ class SpeculationManager:
               allow_shell: bool = True, allow_writes: bool = True) -> str:
         """Prepare a speculation and return its id; the caller schedules ``run(id)``.
 
-        InvalidParams for an empty suggestion; PathOutsideProject when ``cwd`` is not inside
+        InvalidParams for an empty suggestion or a project root that contains the overlay
+        directory (``/``, the temp dir); PathOutsideProject when ``cwd`` is not inside
         ``project_root``. A live speculation of the same session is aborted first.
         """
         if not isinstance(suggestion, str) or not suggestion.strip():
@@ -331,13 +332,20 @@ class SpeculationManager:
         if rel == ".." or rel.startswith(".." + os.sep):
             raise PathOutsideProject(f"{cwd} is not inside the project {root}",
                                      data={"path": str(cwd)})
+        try:
+            overlay = OverlayFS(root, overlay_dir or self._overlay_dir(),
+                                remove_empty_parent=overlay_dir is None)
+        except ValueError:  # the project root contains where overlays live ("/", /tmp, …)
+            raise InvalidParams(
+                f"cannot speculate in {root}: the project contains the daemon's overlay "
+                "directory; open the session in a project directory",
+                data={"field": "session_id", "message": "project root contains the overlay "
+                      "directory", "project_root": str(root)}) from None
         if session_id is not None:
             for old in self._specs.values():
                 if old.session_id == session_id and old.state in ("pending", "running",
                                                                    "ready"):
                     old.abort()
-        overlay = OverlayFS(root, overlay_dir or self._overlay_dir(),
-                            remove_empty_parent=overlay_dir is None)
         spec = Speculation(model=model, session_history=session_history, cwd=cwd,
                            project_root=root, suggestion=suggestion, session_id=session_id,
                            system=system, overlay=overlay, max_turns=max_turns,
