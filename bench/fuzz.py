@@ -1,7 +1,8 @@
 """A long fuzz run (SPEC §S9: ≥ 10 000 cases each) of the parsers that face untrusted input:
 the JSON-RPC frame dispatcher, YAML frontmatter, @import processing, the MEMORY.md index
 sanitiser and link encoding, the secret scanner, and every served method through a spawned
-daemon's socket (params generated from its ``rpc.discover`` schema). Each case must not raise; timings are
+daemon's socket (params generated from its ``rpc.discover`` schema; a scripted model answers
+its side queries and agents at random). Each case must not raise; timings are
 printed so a regression to super-linear behaviour shows. Deterministic (seeded)."""
 
 from __future__ import annotations
@@ -104,10 +105,13 @@ def fuzz_secrets(rng: random.Random) -> int:
 def fuzz_methods(rng: random.Random) -> int:
     """Every served method through a spawned daemon's socket, from its rpc.discover schema:
     no -32603, only documented codes, the daemon alive after."""
-    from qwenctxd.testing.rpc_fuzz import fuzz_daemon
+    from qwenctxd.testing.openai_stub import ScriptedOpenAI
+    from qwenctxd.testing.rpc_fuzz import chaotic_model, fuzz_daemon
     from qwenctxd.testing.spawn import SpawnedDaemon
 
-    d = SpawnedDaemon().start()
+    stub = ScriptedOpenAI(handler=chaotic_model(rng.randrange(2**32))).__enter__()
+    d = SpawnedDaemon(env={"OPENAI_BASE_URL": stub.base_url, "OPENAI_MODEL": "fuzz-model",
+                           "OPENAI_API_KEY": "fuzz"}).start()
     try:
         repo = d.home / "repo"
         (repo / ".git").mkdir(parents=True)
@@ -120,12 +124,15 @@ def fuzz_methods(rng: random.Random) -> int:
                                  sessions=sessions)
         assert report.internal == [], report.internal[:5]
         assert report.undocumented == [], report.undocumented[:5]
+        assert d.call("daemon.drain", {"timeout_s": 60})["drained"]
         assert d.call("daemon.ping") == "pong"
+        assert "method failed" not in d.log_text()
         print(f"  methods outcomes: {dict(report.outcomes)}")
         return report.calls
     finally:
         d.stop()
         d.cleanup()
+        stub.__exit__(None, None, None)
 
 
 def main() -> dict[str, Any]:

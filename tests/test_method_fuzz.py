@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from qwenctxd.testing.openai_stub import Reply, ScriptedOpenAI
-from qwenctxd.testing.rpc_fuzz import DOCUMENTED_CODES, fuzz_daemon
+from qwenctxd.testing.openai_stub import ScriptedOpenAI
+from qwenctxd.testing.rpc_fuzz import DOCUMENTED_CODES, chaotic_model, fuzz_daemon
 from qwenctxd.testing.spawn import SpawnedDaemon
 
 CALLS = 1500
@@ -72,14 +72,14 @@ def test_fuzz_without_a_model(spawn, seed: int) -> None:  # type: ignore[no-unty
 
 
 def test_fuzz_with_a_model(spawn) -> None:  # type: ignore[no-untyped-def]
-    with ScriptedOpenAI(handler=lambda body: Reply(content="ok")) as stub:
+    with ScriptedOpenAI(handler=chaotic_model(7)) as stub:
         d: SpawnedDaemon = spawn(env={"OPENAI_BASE_URL": stub.base_url,
                                       "OPENAI_MODEL": "stub-model",
                                       "OPENAI_API_KEY": "test"}).start()
         repo = project(d.home)
         sessions = [d.call("session.open", {"cwd": str(repo), "model": "m"})["session_id"]]
         with d.client() as c:
-            report = fuzz_daemon(c, calls=CALLS, seed=3, project=repo, sessions=sessions)
+            report = fuzz_daemon(c, calls=CALLS, seed=10, project=repo, sessions=sessions)
         assert d.call("daemon.drain", {"timeout_s": 30})["drained"]
         _check(report, d)
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from qwenctxd.client import Client, RemoteError
+from qwenctxd.testing.openai_stub import Reply
 
 DOCUMENTED_CODES = frozenset({-32700, -32600, -32601, -32602, -32603, -32001, -32002, -32003,
                               -32004, -32005, -32006, -32010})
@@ -111,6 +112,32 @@ class ParamGenerator:
         if c == 4 and depth < 4:
             return {self.word(): self.wild(depth + 1) for _ in range(self.rng.randrange(3))}
         return self.word()
+
+
+def chaotic_model(seed: int) -> Any:
+    """A ScriptedOpenAI handler answering every side query and agent turn at random: plain
+    text, JSON selections, HTTP 500, tool calls (good, bad and unknown), compaction summaries —
+    so the fuzz reaches the model-dependent paths and their fallbacks."""
+    rng = random.Random(seed)
+    tools = ["read_file", "write_file", "edit", "glob", "grep_search", "run_shell_command",
+             "list_directory", "no_such_tool"]
+    args = ["{}", "not json", '{"file_path": "/etc/passwd"}', '{"command": "ls -la"}',
+            '{"file_path": "src/a.py", "content": "y = 2\\n"}', '{"pattern": "*.py"}']
+
+    def handler(body: dict[str, Any]) -> Reply:
+        r = rng.random()
+        if r < 0.3:
+            return Reply(content="ok")
+        if r < 0.45:
+            return Reply(content=json.dumps({"selected_memories": []}))
+        if r < 0.55:
+            return Reply(fault="http_500")
+        if r < 0.8:
+            return Reply(tool_calls=[{"id": f"c{rng.randrange(99)}", "function": {
+                "name": rng.choice(tools), "arguments": rng.choice(args)}}])
+        return Reply(content="<analysis>a</analysis><state_snapshot>s</state_snapshot>")
+
+    return handler
 
 
 def fuzz_daemon(client: Client, *, calls: int, seed: int, project: Path,
