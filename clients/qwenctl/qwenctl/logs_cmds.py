@@ -11,7 +11,6 @@ its terminal.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -55,6 +54,8 @@ def tail_lines(path: Path, n: int, block: int = 64 * 1024) -> list[str]:
 def human(line: str) -> str:
     """``2026-11-30 07:16:26  info     request  method=session.turn duration_ms=1.6`` — a line
     that is not a JSON object (a crash before logging was set up) comes back unchanged."""
+    import json  # lazily: qwenctl's start-up imports only what every command needs
+
     try:
         ev = json.loads(line)
     except ValueError:

@@ -9,7 +9,6 @@ as JSON; a daemon error exits 1 with its code and message, like every other comm
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +31,8 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
 
 def type_label(schema: dict[str, Any]) -> str:
     """A short human spelling of a JSON Schema: ``str``, ``int | null``, ``[Reminder]``…"""
+    import json  # lazily, as below: qwenctl's start-up imports only what every command needs
+
     if "$ref" in schema:
         return schema["$ref"].rsplit("/", 1)[-1].rsplit(".", 1)[-1]
     for key in ("anyOf", "oneOf"):
@@ -85,6 +86,8 @@ def cmd_methods(ctx: Ctx) -> int:
 
 
 def cmd_call(ctx: Ctx) -> int:
+    import json
+
     from qwenctl.cli import emit_json
 
     raw = ctx.args.params
