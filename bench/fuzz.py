@@ -106,18 +106,14 @@ def fuzz_methods(rng: random.Random) -> int:
     """Every served method through a spawned daemon's socket, from its rpc.discover schema:
     no -32603, only documented codes, the daemon alive after."""
     from qwenctxd.testing.openai_stub import ScriptedOpenAI
-    from qwenctxd.testing.rpc_fuzz import chaotic_model, fuzz_daemon
+    from qwenctxd.testing.rpc_fuzz import chaotic_model, fuzz_daemon, make_fuzz_project
     from qwenctxd.testing.spawn import SpawnedDaemon
 
     stub = ScriptedOpenAI(handler=chaotic_model(rng.randrange(2**32))).__enter__()
     d = SpawnedDaemon(env={"OPENAI_BASE_URL": stub.base_url, "OPENAI_MODEL": "fuzz-model",
                            "OPENAI_API_KEY": "fuzz"}).start()
     try:
-        repo = d.home / "repo"
-        (repo / ".git").mkdir(parents=True)
-        (repo / "src").mkdir()
-        (repo / "src" / "a.py").write_text("x = 1\n")
-        (repo / "QWEN.md").write_text("Use tabs. @./src/a.py\n")
+        repo = make_fuzz_project(d.home)
         sessions = [d.call("session.open", {"cwd": str(repo), "model": "m"})["session_id"]]
         with d.client() as c:
             report = fuzz_daemon(c, calls=CASES, seed=rng.randrange(2**32), project=repo,

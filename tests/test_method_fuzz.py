@@ -10,19 +10,15 @@ from typing import Any
 import pytest
 
 from qwenctxd.testing.openai_stub import ScriptedOpenAI
-from qwenctxd.testing.rpc_fuzz import DOCUMENTED_CODES, chaotic_model, fuzz_daemon
+from qwenctxd.testing.rpc_fuzz import (
+    DOCUMENTED_CODES,
+    chaotic_model,
+    fuzz_daemon,
+    make_fuzz_project,
+)
 from qwenctxd.testing.spawn import SpawnedDaemon
 
 CALLS = 1500
-
-
-def project(home: Path) -> Path:
-    repo = home / "repo"
-    (repo / ".git").mkdir(parents=True)
-    (repo / "src").mkdir()
-    (repo / "src" / "a.py").write_text("x = 1\n")
-    (repo / "QWEN.md").write_text("Use tabs. @./src/a.py\n")
-    return repo
 
 
 def test_discover_describes_every_served_method(daemon: SpawnedDaemon) -> None:
@@ -64,7 +60,7 @@ def _check(report: Any, d: SpawnedDaemon) -> None:
 @pytest.mark.parametrize("seed", [1, 2])
 def test_fuzz_without_a_model(spawn, seed: int) -> None:  # type: ignore[no-untyped-def]
     d: SpawnedDaemon = spawn().start()
-    repo = project(d.home)
+    repo = make_fuzz_project(d.home)
     sessions = [d.call("session.open", {"cwd": str(repo), "model": "m"})["session_id"]]
     with d.client() as c:
         report = fuzz_daemon(c, calls=CALLS, seed=seed, project=repo, sessions=sessions)
@@ -76,7 +72,7 @@ def test_fuzz_with_a_model(spawn) -> None:  # type: ignore[no-untyped-def]
         d: SpawnedDaemon = spawn(env={"OPENAI_BASE_URL": stub.base_url,
                                       "OPENAI_MODEL": "stub-model",
                                       "OPENAI_API_KEY": "test"}).start()
-        repo = project(d.home)
+        repo = make_fuzz_project(d.home)
         sessions = [d.call("session.open", {"cwd": str(repo), "model": "m"})["session_id"]]
         with d.client() as c:
             report = fuzz_daemon(c, calls=CALLS, seed=10, project=repo, sessions=sessions)

@@ -114,6 +114,16 @@ class ParamGenerator:
         return self.word()
 
 
+def make_fuzz_project(home: Path) -> Path:
+    """``home/repo``: a git project with a source file and a QWEN.md that imports it."""
+    repo = home / "repo"
+    (repo / ".git").mkdir(parents=True)
+    (repo / "src").mkdir()
+    (repo / "src" / "a.py").write_text("x = 1\n")
+    (repo / "QWEN.md").write_text("Use tabs. @./src/a.py\n")
+    return repo
+
+
 def chaotic_model(seed: int) -> Any:
     """A ScriptedOpenAI handler answering every side query and agent turn at random: plain
     text, JSON selections, HTTP 500, tool calls (good, bad and unknown), compaction summaries —

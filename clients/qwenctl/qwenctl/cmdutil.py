@@ -1,8 +1,10 @@
-"""Small helpers every qwenctl command module shares (the cwd a command acts on, $HOME)."""
+"""Small helpers every qwenctl command module shares (the cwd a command acts on, $HOME, the
+one-result output)."""
 
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
 
 
@@ -16,3 +18,13 @@ def home_dir() -> str | None:
     """The home directory for ``~/`` shortening, None when it cannot be determined."""
     home = os.path.expanduser("~")
     return home if home != "~" else None
+
+
+def emit_result(ctx: Any, result: Any, line: str) -> None:
+    """The daemon's ``result`` as JSON with ``--json``, else ``line`` for people."""
+    if ctx.args.json:
+        from qwenctl.cli import emit_json
+
+        emit_json(result)
+    else:
+        sys.stdout.write(line + "\n")

@@ -20,7 +20,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from qwenctl import render, render_memory
-from qwenctl.cmdutil import command_cwd, home_dir
+from qwenctl.cmdutil import command_cwd, emit_result, home_dir
 from qwenctl.daemon_link import EXIT_DAEMON_ERROR, EXIT_OK, EXIT_USAGE
 
 if TYPE_CHECKING:
@@ -265,15 +265,10 @@ def cmd_status(ctx: Ctx) -> int:
 
 
 def cmd_add(ctx: Ctx) -> int:
-    from qwenctl.cli import emit_json
-
     scope = "global" if ctx.args.global_scope else "project"
     res = ctx.call("instructions.add_memory", {"cwd": command_cwd(ctx), "scope": scope,
                                                "text": " ".join(ctx.args.text)})
-    if ctx.args.json:
-        emit_json(res)
-    else:
-        sys.stdout.write(f"added to {render.short_path(res['path'], None, home_dir())}\n")
+    emit_result(ctx, res, f"added to {render.short_path(res['path'], None, home_dir())}")
     return EXIT_OK
 
 

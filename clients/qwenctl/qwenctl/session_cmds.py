@@ -15,7 +15,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from qwenctl import render, render_sessions
-from qwenctl.cmdutil import home_dir
+from qwenctl.cmdutil import emit_result, home_dir
 from qwenctl.daemon_link import EXIT_DAEMON_ERROR, EXIT_OK
 
 if TYPE_CHECKING:
@@ -217,15 +217,10 @@ def cmd_delete(ctx: Ctx) -> int:
 
 
 def cmd_title(ctx: Ctx) -> int:
-    from qwenctl.cli import emit_json
-
     row = _row(ctx)
     res = ctx.call("session.set_title", {"session_id": row["session_id"],
                                          "title": " ".join(ctx.args.title)})
-    if ctx.args.json:
-        emit_json(res)
-    else:
-        sys.stdout.write(f"{res['session_id'][:8]}  {res['title']}\n")
+    emit_result(ctx, res, f"{res['session_id'][:8]}  {res['title']}")
     return EXIT_OK
 
 
