@@ -102,9 +102,12 @@ def fuzz_secrets(rng: random.Random) -> int:
     return CASES
 
 
-def fuzz_methods(rng: random.Random) -> int:
-    """Every served method through a spawned daemon's socket, from its rpc.discover schema:
-    no -32603, only documented codes, the daemon alive after."""
+def _fuzz_methods(rng: random.Random, clients: int) -> int:
+    """Every served method through a spawned daemon's socket, from its rpc.discover schema,
+    ``CASES`` calls split over ``clients`` concurrent connections sharing the sessions: no
+    -32603, only documented codes, background work drained, the daemon alive after."""
+    import threading
+
     from qwenctxd.testing.openai_stub import ScriptedOpenAI
     from qwenctxd.testing.rpc_fuzz import chaotic_model, fuzz_daemon, make_fuzz_project
     from qwenctxd.testing.spawn import SpawnedDaemon
@@ -114,21 +117,46 @@ def fuzz_methods(rng: random.Random) -> int:
                            "OPENAI_API_KEY": "fuzz"}).start()
     try:
         repo = make_fuzz_project(d.home)
-        sessions = [d.call("session.open", {"cwd": str(repo), "model": "m"})["session_id"]]
-        with d.client() as c:
-            report = fuzz_daemon(c, calls=CASES, seed=rng.randrange(2**32), project=repo,
-                                 sessions=sessions)
-        assert report.internal == [], report.internal[:5]
-        assert report.undocumented == [], report.undocumented[:5]
+        sessions = [d.call("session.open", {"cwd": str(repo), "model": "m"})["session_id"]
+                    for _ in range(clients)]
+        seeds = [rng.randrange(2**32) for _ in range(clients)]
+        reports: list[Any] = []
+
+        def run(seed: int) -> None:
+            with d.client(timeout=120) as c:
+                reports.append(fuzz_daemon(c, calls=CASES // clients, seed=seed, project=repo,
+                                           sessions=sessions))
+
+        threads = [threading.Thread(target=run, args=(s,)) for s in seeds]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(reports) == clients
+        for report in reports:
+            assert report.internal == [], report.internal[:5]
+            assert report.undocumented == [], report.undocumented[:5]
         assert d.call("daemon.drain", {"timeout_s": 60})["drained"]
         assert d.call("daemon.ping") == "pong"
         assert "method failed" not in d.log_text()
-        print(f"  methods outcomes: {dict(report.outcomes)}")
-        return report.calls
+        outcomes: dict[str, int] = {}
+        for report in reports:
+            for k, v in report.outcomes.items():
+                outcomes[k] = outcomes.get(k, 0) + v
+        print(f"  outcomes over {clients} client(s): {outcomes}")
+        return sum(r.calls for r in reports)
     finally:
         d.stop()
         d.cleanup()
         stub.__exit__(None, None, None)
+
+
+def fuzz_methods(rng: random.Random) -> int:
+    return _fuzz_methods(rng, 1)
+
+
+def fuzz_methods_concurrent(rng: random.Random) -> int:
+    return _fuzz_methods(rng, 4)
 
 
 def main() -> dict[str, Any]:
@@ -142,7 +170,7 @@ def main() -> dict[str, Any]:
     print(f"fuzz: {CASES} cases per target, seed 20261130")
     for name, fn in [("dispatch", fuzz_dispatch), ("frontmatter", fuzz_frontmatter),
                      ("imports", fuzz_imports), ("index", fuzz_index), ("secrets", fuzz_secrets),
-                     ("methods", fuzz_methods)]:
+                     ("methods", fuzz_methods), ("methods×4", fuzz_methods_concurrent)]:
         t0 = time.perf_counter()
         n = fn(rng)
         dt = time.perf_counter() - t0
