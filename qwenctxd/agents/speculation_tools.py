@@ -24,10 +24,12 @@ from wcmatch import glob as wglob
 
 from qwenctxd.agents.overlay import OverlayClosed, OverlayFS
 from qwenctxd.agents.tools import (
+    GLOB_FLAGS,
     MAX_GLOB_RESULTS,
     SKIP_DIRS,
     apply_edit,
     cap,
+    glob_pattern,
     grep_args,
     grep_file,
     read_lines,
@@ -93,19 +95,16 @@ def _overlay_files_under(ctx: OverlayToolContext, root: Path) -> list[tuple[str,
 
 
 async def glob(ctx: OverlayToolContext, args: dict[str, Any]) -> str:
-    pattern = args.get("pattern")
-    if not isinstance(pattern, str) or not pattern:
-        raise ValueError("pattern is required")
+    pattern = glob_pattern(args)
     root = _abs(ctx, args.get("path") or str(ctx.cwd), "path")
 
     def run() -> str:
-        flags = wglob.GLOBSTAR | wglob.BRACE | wglob.DOTGLOB
         found: dict[str, None] = {}
         for rel, _ov in _overlay_files_under(ctx, root):
-            if wglob.globmatch(rel, pattern, flags=flags):
+            if wglob.globmatch(rel, pattern, flags=GLOB_FLAGS):
                 found[str(root / rel)] = None
         if root.is_dir():
-            for m in wglob.iglob(pattern, root_dir=str(root), flags=flags):
+            for m in wglob.iglob(pattern, root_dir=str(root), flags=GLOB_FLAGS):
                 p = root / m
                 if not ctx.overlay.is_deleted(p):
                     found[str(p)] = None

@@ -138,16 +138,24 @@ async def list_directory(ctx: ToolContext, args: dict[str, Any]) -> str:
     return cap(await anyio.to_thread.run_sync(run))
 
 
-async def glob(ctx: ToolContext, args: dict[str, Any]) -> str:
+GLOB_FLAGS = wglob.GLOBSTAR | wglob.BRACE | wglob.DOTGLOB
+
+
+def glob_pattern(args: dict[str, Any]) -> str:
+    """glob's ``pattern`` argument, required (the real and the overlay glob share it)."""
     pattern = args.get("pattern")
     if not isinstance(pattern, str) or not pattern:
         raise ValueError("pattern is required")
+    return pattern
+
+
+async def glob(ctx: ToolContext, args: dict[str, Any]) -> str:
+    pattern = glob_pattern(args)
     root = _abs(ctx, args.get("path") or str(ctx.cwd), "path")
 
     def run() -> str:
-        flags = wglob.GLOBSTAR | wglob.BRACE | wglob.DOTGLOB
         found = []
-        for m in wglob.iglob(pattern, root_dir=str(root), flags=flags):
+        for m in wglob.iglob(pattern, root_dir=str(root), flags=GLOB_FLAGS):
             found.append(str(root / m))
             if len(found) >= MAX_GLOB_RESULTS:
                 break
