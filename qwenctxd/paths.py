@@ -8,6 +8,7 @@ else ``/tmp/qwenctxd-<uid>/qwenctxd.sock``.
 from __future__ import annotations
 
 import os
+import re
 import stat
 from pathlib import Path
 
@@ -106,3 +107,12 @@ def runtime_base_dir() -> Path:
 def project_dir(project: str | os.PathLike[str]) -> Path:
     """``<runtime base>/projects/<slug>`` — chats/ and the memory state live below it."""
     return runtime_base_dir() / "projects" / project_slug(project)
+
+
+SESSION_FILE_RE = re.compile(r"^[0-9a-fA-F-]{32,36}\.jsonl$")
+"""A session transcript's file name: ``<session id>.jsonl``."""
+
+
+def chats_dir(project: str | os.PathLike[str]) -> Path:
+    """``<runtime base>/projects/<slug>/chats``: the project's session transcripts (JSONL)."""
+    return project_dir(project) / "chats"

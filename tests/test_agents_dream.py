@@ -34,8 +34,8 @@ from qwenctxd.config.schema import ModelEndpoint
 from qwenctxd.memory import store
 from qwenctxd.memory.paths import MemoryRoots, roots_for
 from qwenctxd.model import ModelClient
+from qwenctxd.paths import chats_dir
 from qwenctxd.protocol.errors import LockHeld
-from qwenctxd.sessions import records
 from qwenctxd.tasks import TaskRegistry
 from qwenctxd.testing.openai_stub import Reply, ScriptedOpenAI
 
@@ -78,7 +78,7 @@ def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Env:
     (repo / ".git").mkdir(parents=True)
     roots = roots_for(repo)
     store.ensure_scaffold(roots)
-    chats = records.chats_dir(repo)
+    chats = chats_dir(repo)
     chats.mkdir(parents=True)
     return Env(repo=repo, roots=roots, audit=AuditLog(tmp_path / "audit"), chats=chats,
                runtime=runtime)

@@ -60,7 +60,7 @@ from qwenctxd.memory import store
 from qwenctxd.memory.index import rebuild_index
 from qwenctxd.memory.paths import INDEX_FILENAME, LOCK_FILENAME, MemoryRoots
 from qwenctxd.model import ModelClient
-from qwenctxd.sessions import records
+from qwenctxd.paths import SESSION_FILE_RE, chats_dir
 
 if TYPE_CHECKING:
     from qwenctxd.tasks import TaskRecord, TaskRegistry
@@ -137,16 +137,16 @@ def check_gates(*, enabled: bool, memory_pressure: bool, meta: Mapping[str, Any]
 
 def count_sessions_since(project: str | os.PathLike[str], since_ts: float | None, *,
                          exclude_session: str | None = None) -> int:
-    """How many session transcripts of ``project`` (``records.chats_dir(project)/*.jsonl``
+    """How many session transcripts of ``project`` (``chats_dir(project)/*.jsonl``
     named like a session id) were modified after ``since_ts``, the current one excluded."""
-    directory = records.chats_dir(project)
+    directory = chats_dir(project)
     skip = f"{exclude_session}.jsonl" if exclude_session else None
     since = since_ts if since_ts is not None else float("-inf")
     count = 0
     try:
         with os.scandir(directory) as it:
             for entry in it:
-                if entry.name == skip or not records.SESSION_FILE_RE.match(entry.name):
+                if entry.name == skip or not SESSION_FILE_RE.match(entry.name):
                     continue
                 try:
                     st = entry.stat(follow_symlinks=False)
@@ -451,7 +451,7 @@ class Dreamer:
         dream_audit = _PlanCapturingAudit(audit, plan_path)
         ctx = ToolContext(cwd=root, scope=scope, audit=dream_audit, agent=AGENT_NAME,
                           session=session_id, allow_shell=False)
-        transcripts = records.chats_dir(project_key)
+        transcripts = chats_dir(project_key)
         existing = await anyio.to_thread.run_sync(_existing_listing, root)
         spec = AgentSpec(
             name="memory-dreamer", system=SYSTEM,

@@ -20,13 +20,8 @@ import anyio
 import anyio.to_thread
 import msgspec
 
-from qwenctxd.paths import project_slug, runtime_base_dir, state_dir
-from qwenctxd.sessions.records import (
-    SESSION_FILE_RE,
-    SessionSummary,
-    scan_summary,
-    session_path,
-)
+from qwenctxd.paths import SESSION_FILE_RE, project_slug, runtime_base_dir, state_dir
+from qwenctxd.sessions.records import SessionSummary, scan_summary, session_path
 from qwenctxd.store.sqlite import CacheDatabase
 
 SCHEMA_VERSION = 1

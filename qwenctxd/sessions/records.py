@@ -29,12 +29,11 @@ from typing import Any, Literal
 
 import msgspec
 
-from qwenctxd.paths import project_dir
+from qwenctxd.paths import chats_dir
 
 RecordType = Literal["user", "assistant", "tool_result", "system"]
 FsyncPolicy = Literal["never", "always", "interval"]
 
-SESSION_FILE_RE = re.compile(r"^[0-9a-fA-F-]{32,36}\.jsonl$")
 SESSION_ID_RE = re.compile(r"^[0-9a-fA-F-]{32,36}$")
 TORN_PREVIEW_BYTES = 4096
 
@@ -119,11 +118,6 @@ class SessionSummary(msgspec.Struct, kw_only=True):
 
 
 # -- paths ----------------------------------------------------------------------------------------
-
-
-def chats_dir(project: str | os.PathLike[str]) -> Path:
-    """``<runtime base>/projects/<slug>/chats``."""
-    return project_dir(project) / "chats"
 
 
 def session_path(project: str | os.PathLike[str], session_id: str) -> Path:

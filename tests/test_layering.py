@@ -1,0 +1,47 @@
+"""The data flow stays one way (server → sessions → subsystems → stores): no subsystem imports
+the server or the sessions package, and nothing below the subsystems imports them either."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "qwenctxd"
+SUBSYSTEMS = ("instructions", "memory", "skills", "compaction", "agents")
+SHARED = ("protocol", "config", "watch", "tasks", "model", "store")
+
+
+def imported_modules(path: Path) -> set[str]:
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+    return found
+
+
+def offenders(packages: tuple[str, ...], forbidden: tuple[str, ...]) -> list[str]:
+    out = []
+    for pkg in packages:
+        for path in sorted((PACKAGE / pkg).rglob("*.py")):
+            for mod in imported_modules(path):
+                if any(mod == f or mod.startswith(f + ".") for f in forbidden):
+                    out.append(f"{path.relative_to(PACKAGE.parent)} imports {mod}")
+    return out
+
+
+def test_subsystems_import_neither_server_nor_sessions() -> None:
+    assert offenders(SUBSYSTEMS, ("qwenctxd.server", "qwenctxd.sessions")) == []
+
+
+def test_shared_layers_import_no_subsystem() -> None:
+    above = tuple(f"qwenctxd.{p}" for p in ("server", "sessions", *SUBSYSTEMS))
+    assert offenders(SHARED, above) == []
+
+
+@pytest.mark.parametrize("pkg", SUBSYSTEMS + SHARED)
+def test_every_package_exists(pkg: str) -> None:
+    assert (PACKAGE / pkg / "__init__.py").is_file()
