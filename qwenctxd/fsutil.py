@@ -1,7 +1,10 @@
-"""Small filesystem helpers shared by every subsystem (below all of them)."""
+"""Small filesystem helpers shared by every subsystem (below all of them): atomic writes, and
+reads that refuse anything but a regular file (a FIFO named QWEN.md would block a worker
+thread forever; a device would never end)."""
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import stat
@@ -10,6 +13,37 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
+
+_READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+
+
+@contextmanager
+def open_regular(path: str | os.PathLike[str], buffering: int = -1) -> Iterator[BinaryIO]:
+    """Open ``path`` (symlinks followed) for binary reading if it is a regular file.
+
+    The open never blocks (``O_NONBLOCK``: a FIFO without a writer opens at once) and the type
+    is checked on the open descriptor, so a swap between check and read cannot slip through.
+    A directory raises IsADirectoryError; a FIFO, socket or device OSError(EINVAL,
+    "not a regular file")."""
+    fd = os.open(path, _READ_FLAGS)
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(errno.EISDIR, "Is a directory", os.fspath(path))
+        if not stat.S_ISREG(mode):
+            raise OSError(errno.EINVAL, "not a regular file", os.fspath(path))
+        f = os.fdopen(fd, "rb", buffering=buffering)
+    except BaseException:
+        os.close(fd)
+        raise
+    with f:
+        yield f
+
+
+def read_regular(path: str | os.PathLike[str], limit: int | None = None) -> bytes:
+    """The bytes of a regular file (at most ``limit``); see :func:`open_regular`."""
+    with open_regular(path) as f:
+        return f.read() if limit is None else f.read(limit)
 
 
 @contextmanager

@@ -21,7 +21,7 @@ from typing import Any
 
 import msgspec
 
-from qwenctxd.fsutil import atomic_write
+from qwenctxd.fsutil import atomic_write, read_regular
 
 MAX_HISTORY_FILES = 2_000
 MAX_HISTORY_BYTES = 64 * 1024 * 1024
@@ -46,7 +46,7 @@ def sha256(data: bytes | None) -> str | None:
 
 def _read(path: Path) -> bytes | None:
     try:
-        return path.read_bytes()
+        return read_regular(path)
     except FileNotFoundError:
         return None
 

@@ -56,6 +56,7 @@ from qwenctxd.agents.lock import ConsolidationLock
 from qwenctxd.agents.permissions import MemoryWriteScope
 from qwenctxd.agents.runner import AgentOutcome, AgentSpec, run_agent
 from qwenctxd.agents.tools import ToolContext
+from qwenctxd.fsutil import read_regular
 from qwenctxd.memory import store
 from qwenctxd.memory.index import rebuild_index
 from qwenctxd.memory.paths import INDEX_FILENAME, LOCK_FILENAME, MemoryRoots
@@ -254,7 +255,7 @@ def _validate_written(root: Path, written: list[str]) -> list[dict[str, str]]:
             continue
         try:
             st = os.lstat(path)
-            text = path.read_bytes().decode("utf-8", errors="replace")
+            text = read_regular(path).decode("utf-8", errors="replace")
         except FileNotFoundError:
             continue
         except OSError as exc:

@@ -29,7 +29,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 
-from qwenctxd.fsutil import atomic_copy, atomic_write
+from qwenctxd.fsutil import atomic_copy, atomic_write, open_regular
 from qwenctxd.protocol.errors import PathOutsideProject
 
 __all__ = ["OverlayClosed", "OverlayFS", "default_overlay_dir"]
@@ -73,7 +73,7 @@ def _nearest_existing_realpath(path: str) -> str:
 
 def _sha256(path: Path) -> str | None:
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             return hashlib.file_digest(f, "sha256").hexdigest()
     except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
         return None

@@ -52,6 +52,7 @@ from qwenctxd.agents.permissions import Decision, MemoryWriteScope, Verdict
 from qwenctxd.agents.runner import AgentOutcome, AgentSpec, run_agent
 from qwenctxd.agents.skill_review_prompts import MODE_CONFIRM, MODE_DIRECT, SYSTEM, TASK
 from qwenctxd.agents.tools import ToolContext
+from qwenctxd.fsutil import read_regular
 from qwenctxd.paths import home as home_dir
 from qwenctxd.paths import project_slug, qwen_home, state_dir
 from qwenctxd.skills.parse import parse_skill, validate_name
@@ -498,7 +499,7 @@ class SkillReviewer:
         log_ = audit or self.audit or AuditLog(state_dir())
         for target, text in plan:
             try:
-                if target.read_text(encoding="utf-8") == text:
+                if read_regular(target).decode("utf-8") == text:
                     continue
             except (OSError, UnicodeDecodeError):
                 pass

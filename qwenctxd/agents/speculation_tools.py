@@ -35,6 +35,7 @@ from qwenctxd.agents.tools import (
     read_lines,
     run_readonly_shell,
 )
+from qwenctxd.fsutil import read_regular
 from qwenctxd.protocol.errors import PathOutsideProject
 
 __all__ = ["OVERLAY_TOOLS", "OverlayToolContext", "call_overlay_tool"]
@@ -173,7 +174,7 @@ async def edit(ctx: OverlayToolContext, args: dict[str, Any]) -> str:
         return _refused_outside(ctx, path)
     try:
         text = await anyio.to_thread.run_sync(
-            lambda: ctx.overlay.resolve_read(path).read_text(encoding="utf-8"))
+            lambda: read_regular(ctx.overlay.resolve_read(path)).decode("utf-8"))
     except OSError as exc:
         return f"Error: cannot read {path}: {exc.strerror or exc}"
     updated, message = apply_edit(path, text, old, new, bool(args.get("replace_all")))

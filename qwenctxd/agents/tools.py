@@ -24,6 +24,7 @@ from wcmatch import glob as wglob
 
 from qwenctxd.agents.audit import AuditLog
 from qwenctxd.agents.permissions import MemoryWriteScope, shell_verdict
+from qwenctxd.fsutil import open_regular, read_regular
 
 log = structlog.get_logger("qwenctxd.agents.tools")
 MAX_RESULT_CHARS = 16_000
@@ -97,7 +98,7 @@ def _abs(ctx: ToolContext, raw: Any, key: str) -> Path:
 
 def read_lines(src: Path, args: dict[str, Any]) -> str:
     """The text of ``src`` (≤ 512 KiB), 1-based ``offset`` and ``limit`` lines from ``args``."""
-    with open(src, "rb") as f:
+    with open_regular(src) as f:
         data = f.read(MAX_READ_BYTES + 1)
     lines = data[:MAX_READ_BYTES].decode("utf-8", errors="replace").splitlines()
     off = max(1, int(args.get("offset") or 1))
@@ -111,7 +112,7 @@ def grep_file(shown: Path, src: Path, rx: re.Pattern[str], out: list[str]) -> bo
     try:
         if src.stat().st_size > MAX_READ_BYTES:
             return False
-        text = src.read_text(encoding="utf-8", errors="strict")
+        text = read_regular(src).decode("utf-8", errors="strict")
     except (OSError, UnicodeDecodeError):
         return False
     for i, line in enumerate(text.splitlines(), 1):

@@ -29,6 +29,7 @@ import structlog
 from qwenctxd.compaction.hooks import HookRun
 from qwenctxd.compaction.prompts import ACK_TEXT, RESUME_TRAILER
 from qwenctxd.compaction.summary import Trigger, strip_analysis, summarize
+from qwenctxd.fsutil import open_regular
 from qwenctxd.tokens import CHARS_PER_TOKEN, estimate_tokens
 
 if TYPE_CHECKING:
@@ -159,7 +160,7 @@ def _collect_files(
             if real in seen or not real.is_relative_to(base) or not real.is_file():
                 continue
             seen.add(real)
-            with real.open("rb") as fh:
+            with open_regular(real) as fh:
                 data = fh.read(byte_cap + 1)
         except OSError:
             continue

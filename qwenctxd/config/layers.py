@@ -34,6 +34,7 @@ from qwenctxd.config.schema import (
     ModelSettings,
     Settings,
 )
+from qwenctxd.fsutil import read_regular
 from qwenctxd.protocol.errors import ConfigError
 
 __all__ = [
@@ -151,7 +152,7 @@ def _line_col(text: str, offset: int) -> tuple[int, int]:
 def _read_text(path: Path) -> str | None:
     """The file's text, None if it does not exist; ConfigError if it cannot be read."""
     try:
-        raw = path.read_bytes()
+        raw = read_regular(path)
     except FileNotFoundError:
         return None
     except OSError as exc:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from qwenctxd.fsutil import atomic_write
+from qwenctxd.fsutil import atomic_write, read_regular
 
 SECTION_HEADER = "## Qwen Added Memories"
 
@@ -52,7 +52,7 @@ def insert_bullet(content: str, line: str) -> str:
 def add_memory(target: Path, text: str) -> Path:
     line = bullet(text)
     try:
-        current = target.read_text(encoding="utf-8")
+        current = read_regular(target).decode("utf-8")
     except FileNotFoundError:
         current = ""
     atomic_write(target, insert_bullet(current, line))

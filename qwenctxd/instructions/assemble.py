@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from qwenctxd.fsutil import open_regular
 from qwenctxd.instructions.discovery import Discovery, InstructionFile
 from qwenctxd.instructions.gitinfo import find_project_root
 from qwenctxd.instructions.imports import process_imports
@@ -79,7 +80,7 @@ def fingerprint(path: Path) -> tuple[int, int] | None:
 
 def read_capped(path: Path, cap: int) -> tuple[str, int, bool]:
     """(text, size on disk, truncated). Raises OSError when unreadable."""
-    with open(path, "rb") as f:
+    with open_regular(path) as f:
         raw = f.read(cap + 1)
         size = os.fstat(f.fileno()).st_size
     truncated = len(raw) > cap or size > cap

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from qwenctxd.fsutil import read_regular
 from qwenctxd.instructions.gitinfo import find_project_root
 
 LOCAL_FILENAME = "QWEN.local.md"
@@ -168,7 +169,7 @@ def extension_context_files(qwen_dir: Path, project_root: Path | None) -> list[P
         for name in names:
             ext_dir = base / name
             try:
-                manifest = json.loads((ext_dir / "qwen-extension.json").read_text())
+                manifest = json.loads(read_regular(ext_dir / "qwen-extension.json").decode("utf-8"))
             except (OSError, ValueError):
                 continue
             files = manifest.get("contextFileName", "QWEN.md") if isinstance(manifest, dict) \

@@ -25,6 +25,8 @@ import anyio
 import anyio.lowlevel
 import structlog
 
+from qwenctxd.fsutil import read_regular
+
 log = structlog.get_logger(__name__)
 
 MAX_COMMITS = 5
@@ -86,7 +88,7 @@ def resolve_git_dir(root: Path) -> Path | None:
     if marker.is_dir():
         return marker
     try:
-        text = marker.read_text(encoding="utf-8", errors="replace")
+        text = read_regular(marker).decode("utf-8", errors="replace")
     except OSError:
         return None
     for line in text.splitlines():
@@ -105,7 +107,7 @@ def resolve_common_dir(root: Path) -> Path | None:
     if git_dir is None:
         return None
     try:
-        pointer = (git_dir / "commondir").read_text(encoding="utf-8", errors="replace").strip()
+        pointer = read_regular(git_dir / "commondir").decode("utf-8", errors="replace").strip()
     except OSError:
         return git_dir
     if not pointer:
@@ -129,7 +131,7 @@ def read_head(root: Path) -> str | None:
     if path is None:
         return None
     try:
-        text = path.read_text(encoding="utf-8", errors="replace").strip()
+        text = read_regular(path).decode("utf-8", errors="replace").strip()
     except OSError:
         return None
     if text.startswith("ref:"):

@@ -16,6 +16,7 @@ from pathlib import Path
 from wcmatch import glob
 
 from qwenctxd import frontmatter
+from qwenctxd.fsutil import read_regular
 
 GLOB_FLAGS = glob.GLOBSTAR | glob.BRACE | glob.DOTGLOB | glob.FORCEUNIX
 MAX_RULE_BYTES = 64 * 1024
@@ -88,7 +89,7 @@ def load_rules(root: Path) -> RuleSet:
     for name in names:
         path = directory / name
         try:
-            raw = path.read_bytes()
+            raw = read_regular(path)
         except OSError as exc:
             rs.problems.append((path, f"unreadable: {exc.strerror}"))
             continue

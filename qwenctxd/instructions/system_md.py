@@ -22,7 +22,7 @@ from pathlib import Path
 
 import structlog
 
-from qwenctxd.fsutil import atomic_write
+from qwenctxd.fsutil import atomic_write, read_regular
 from qwenctxd.protocol.errors import Reason, SystemPromptFileError
 
 log = structlog.get_logger(__name__)
@@ -107,7 +107,7 @@ def load_system_md(environ: Mapping[str, str], cwd: Path, home: Path) -> str | N
     if not path.is_file():
         raise SystemPromptFileMissing(path)
     try:
-        return path.read_text(encoding="utf-8", errors="replace")
+        return read_regular(path).decode("utf-8", errors="replace")
     except FileNotFoundError:
         raise SystemPromptFileMissing(path) from None
     except OSError as exc:
@@ -132,7 +132,7 @@ def write_system_md(
         return None
     data = base_prompt.encode("utf-8")
     try:
-        if path.is_file() and path.read_bytes() == data:
+        if path.is_file() and read_regular(path) == data:
             return path
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(path, data)
@@ -164,7 +164,7 @@ def load_identity(
     if not path.is_file():
         raise SystemIdentityFileError(path, "missing")
     try:
-        text = path.read_text(encoding="utf-8", errors="replace")
+        text = read_regular(path).decode("utf-8", errors="replace")
     except FileNotFoundError:
         raise SystemIdentityFileError(path, "missing") from None
     except OSError:

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import structlog
 
-from qwenctxd.fsutil import atomic_write
+from qwenctxd.fsutil import atomic_write, read_regular
 from qwenctxd.memory.paths import INDEX_FILENAME, Scope
 from qwenctxd.memory.store import (
     MemoryDoc,
@@ -291,7 +291,7 @@ def rebuild_index(root: Path, scope: Scope) -> IndexResult:
     text, truncated, count = _render(docs, team=scope == "team")
     data = text.encode("utf-8")
     try:
-        if not os.path.islink(index) and index.read_bytes() == data:
+        if not os.path.islink(index) and read_regular(index) == data:
             return IndexResult(index, False, truncated, count)
     except OSError:
         pass

@@ -21,7 +21,7 @@ import structlog
 
 from qwenctxd.config import ConfigStore
 from qwenctxd.events import EventBus
-from qwenctxd.fsutil import atomic_write
+from qwenctxd.fsutil import atomic_write, read_regular
 from qwenctxd.memory import paths as mpaths
 from qwenctxd.memory import render, secrets, selector, store
 from qwenctxd.memory.index import rebuild_index
@@ -245,7 +245,7 @@ class MemoryService:
         if path is None:
             return
         try:
-            data = json.loads(path.read_text())
+            data = json.loads(read_regular(path).decode("utf-8"))
         except (OSError, ValueError):
             return
         if isinstance(data, dict):
@@ -277,7 +277,7 @@ class MemoryService:
         indexes = []
         for scope, root in self._scoped_roots(roots):
             try:
-                text = (root / mpaths.INDEX_FILENAME).read_text(encoding="utf-8", errors="replace")
+                text = read_regular(root / mpaths.INDEX_FILENAME).decode("utf-8", errors="replace")
             except OSError:
                 text = ""
             indexes.append((scope, root, text))

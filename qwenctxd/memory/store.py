@@ -34,7 +34,7 @@ from typing import Any
 import structlog
 
 from qwenctxd.frontmatter import parse as parse_frontmatter
-from qwenctxd.fsutil import atomic_write
+from qwenctxd.fsutil import atomic_write, read_regular
 from qwenctxd.memory.paths import (
     CURSOR_FILENAME,
     INDEX_FILENAME,
@@ -284,7 +284,7 @@ def scan(root: Path, scope: Scope, *, uncapped: bool = False) -> ScanResult:
         return result
     for path, st in _walk(root, result.problems):
         try:
-            text = path.read_bytes().decode("utf-8", errors="replace")
+            text = read_regular(path).decode("utf-8", errors="replace")
         except OSError as exc:
             result.problems.append((path, f"cannot read: {exc.strerror or exc}"))
             continue
@@ -327,7 +327,7 @@ def remove_docs(paths: Iterable[Path]) -> list[Path]:
 
 def _read_json(path: Path) -> dict[str, Any] | None:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(read_regular(path).decode("utf-8"))
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None

@@ -29,6 +29,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from qwenctxd.fsutil import open_regular
 from qwenctxd.paths import chats_dir
 
 RecordType = Literal["user", "assistant", "tool_result", "system"]
@@ -336,7 +337,7 @@ def _torn(line_no: int, line: bytes, err: Exception) -> TornLine:
 
 
 def _lines(path: str | os.PathLike[str]) -> Iterator[tuple[int, bytes]]:
-    with open(path, "rb", buffering=1024 * 1024) as f:
+    with open_regular(path, buffering=1024 * 1024) as f:
         yield from enumerate(f, 1)
 
 

@@ -29,6 +29,7 @@ import anyio
 import anyio.to_thread
 
 from qwenctxd.config.schema import SkillsSettings
+from qwenctxd.fsutil import open_regular
 from qwenctxd.skills.model import LEVELS, BaseDir, Level, Skill, SkillError, SkillSet
 from qwenctxd.skills.parse import MAX_SKILL_BYTES, OVERSIZE_MESSAGE, parse_skill
 
@@ -142,7 +143,7 @@ def read_base(base: BaseDir) -> BaseRead:
             continue
         skill_md = Path(entry.path) / SKILL_FILE
         try:
-            with open(skill_md, "rb") as fh:
+            with open_regular(skill_md) as fh:
                 raw = fh.read(MAX_SKILL_BYTES + 1)
         except FileNotFoundError:
             continue  # a directory without SKILL.md is not a skill (scratch, assets)

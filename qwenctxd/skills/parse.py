@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from qwenctxd import frontmatter
+from qwenctxd.fsutil import open_regular
 from qwenctxd.instructions.rules import compile_patterns
 from qwenctxd.skills.model import Level, Skill, SkillError
 
@@ -83,7 +84,7 @@ def read_skill_text(path: Path) -> tuple[str | None, list[SkillError]]:
     """Read SKILL.md with the size cap; (text, []) or (None, [error])."""
     key = str(path)
     try:
-        with open(path, "rb") as fh:
+        with open_regular(path) as fh:
             raw = fh.read(MAX_SKILL_BYTES + 1)
     except OSError as exc:
         return None, [SkillError(key, f"cannot read SKILL.md: {exc.strerror or exc}")]
