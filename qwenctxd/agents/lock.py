@@ -22,6 +22,7 @@ stale.
 from __future__ import annotations
 
 import os
+import stat
 import time
 from pathlib import Path
 from types import TracebackType
@@ -91,7 +92,8 @@ class ConsolidationLock:
 
     def _read(self) -> tuple[os.stat_result, bytes] | None:
         try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0))
+            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK  # a FIFO opens
+                         | getattr(os, "O_NOFOLLOW", 0))  # without blocking; read() gives b""
         except FileNotFoundError:
             return None
         except OSError:
@@ -102,7 +104,7 @@ class ConsolidationLock:
                 return None
         try:
             st = os.fstat(fd)
-            data = os.read(fd, MAX_LOCK_BYTES)
+            data = os.read(fd, MAX_LOCK_BYTES) if stat.S_ISREG(st.st_mode) else b""
         finally:
             os.close(fd)
         return st, data

@@ -491,7 +491,7 @@ class SkillReviewer:
                 if not verdict.allowed:
                     raise ValueError(verdict.reason)
                 try:
-                    text = fp.read_bytes().decode("utf-8")
+                    text = read_regular(fp).decode("utf-8")
                 except UnicodeDecodeError:
                     raise ValueError(f"{fp} is not UTF-8 text; refusing to copy it") from None
                 plan.append((target, text))

@@ -234,7 +234,7 @@ async def edit(ctx: ToolContext, args: dict[str, Any]) -> str:
     if not verdict.allowed:
         return f"Error: {verdict.reason}"
     try:
-        text = await anyio.to_thread.run_sync(path.read_text)
+        text = await anyio.to_thread.run_sync(lambda: read_regular(path).decode("utf-8"))
     except OSError as exc:
         return f"Error: cannot read {path}: {exc.strerror}"
     updated, message = apply_edit(path, text, old, new, bool(args.get("replace_all")))
