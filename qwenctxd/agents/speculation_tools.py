@@ -11,9 +11,7 @@ result.
 
 from __future__ import annotations
 
-import json
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +27,7 @@ from qwenctxd.agents.tools import (
     SKIP_DIRS,
     apply_edit,
     cap,
+    dispatch_tool,
     glob_pattern,
     grep_args,
     grep_file,
@@ -210,23 +209,15 @@ OVERLAY_TOOLS = {
 }
 
 
+def _explain(exc: Exception) -> str | None:
+    if isinstance(exc, PathOutsideProject):
+        return f"Error: write refused: {exc.message}"
+    if isinstance(exc, OverlayClosed):
+        return "Error: the speculation was stopped"
+    return None
+
+
 async def call_overlay_tool(ctx: OverlayToolContext, name: str,
                             raw_args: str | dict[str, Any]) -> str:
     """Run one tool call against the overlay; any failure becomes an ``Error:`` result."""
-    tool = OVERLAY_TOOLS.get(name)
-    if tool is None:
-        return f"Error: unknown tool {name!r}"
-    try:
-        args = json.loads(raw_args) if isinstance(raw_args, str) else dict(raw_args)
-        if not isinstance(args, dict):
-            raise ValueError("arguments must be a JSON object")
-        return cap(await tool(ctx, args))
-    except PathOutsideProject as exc:
-        return f"Error: write refused: {exc.message}"
-    except OverlayClosed:
-        return "Error: the speculation was stopped"
-    except (ValueError, OSError, re.error) as exc:
-        return f"Error: {exc}"
-    except Exception:  # a broken tool must never take the agent (or the daemon) down
-        log.exception("speculation tool failed", tool=name)
-        return f"Error: {name} failed inside the daemon; see its log"
+    return await dispatch_tool(OVERLAY_TOOLS, ctx, name, raw_args, explain=_explain)

@@ -13,7 +13,7 @@ import json
 import os
 import re
 import subprocess
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -293,9 +293,12 @@ TOOLS: dict[str, Tool] = {
 }
 
 
-async def call_tool(ctx: ToolContext, name: str, raw_args: str | dict[str, Any]) -> str:
-    """Run one tool call; any failure becomes an ``Error:`` result the model can read."""
-    tool = TOOLS.get(name)
+async def dispatch_tool(table: Mapping[str, Callable[[Any, dict[str, Any]], Awaitable[str]]],
+                        ctx: Any, name: str, raw_args: str | dict[str, Any], *,
+                        explain: Callable[[Exception], str | None] = lambda exc: None) -> str:
+    """Run one tool call from ``table``; any failure becomes an ``Error:`` result the model can
+    read (``explain`` words the errors of a particular tool set first)."""
+    tool = table.get(name)
     if tool is None:
         return f"Error: unknown tool {name!r}"
     try:
@@ -303,8 +306,16 @@ async def call_tool(ctx: ToolContext, name: str, raw_args: str | dict[str, Any])
         if not isinstance(args, dict):
             raise ValueError("arguments must be a JSON object")
         return cap(await tool(ctx, args))
-    except (ValueError, OSError, re.error) as exc:
-        return f"Error: {exc}"
-    except Exception:  # a broken tool must never take the agent (or the daemon) down
+    except Exception as exc:  # a broken tool must never take the agent (or the daemon) down
+        message = explain(exc)
+        if message is not None:
+            return message
+        if isinstance(exc, ValueError | OSError | re.error):
+            return f"Error: {exc}"
         log.exception("tool failed", tool=name)
         return f"Error: {name} failed inside the daemon; see its log"
+
+
+async def call_tool(ctx: ToolContext, name: str, raw_args: str | dict[str, Any]) -> str:
+    """Run one tool call; any failure becomes an ``Error:`` result the model can read."""
+    return await dispatch_tool(TOOLS, ctx, name, raw_args)
