@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run test bench lint clean
+.PHONY: install run test e2e bench lint clean
 
 install: $(STAMP)
 
@@ -21,8 +21,15 @@ run: install
 
 # The whole suite. pytest's exit 5 ("no tests ran") is a failure here, never a pass.
 test: install
-	@$(BIN)/python -m pytest -q; rc=$$?; \
+	@$(BIN)/python -m pytest -q --ignore=tests/e2e; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: no tests ran — failing"; exit 1; fi; exit $$rc
+
+# Real counterparts: a llama.cpp server and the real Qwen Code CLI. tests/e2e/prepare.sh fills
+# the cache (~/.cache/qwenctxd-e2e or $$QWENCTXD_E2E_CACHE) only where it is empty.
+e2e: install
+	PYTHON=$(PYTHON) bash tests/e2e/prepare.sh
+	@$(BIN)/python -m pytest -q tests/e2e; rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make e2e: no tests ran — failing"; exit 1; fi; exit $$rc
 
 bench: install
 	$(BIN)/python -m bench
