@@ -18,6 +18,7 @@ from qwenctl import (
     context_cmds,
     instructions_cmds,
     logs_cmds,
+    mcp_server,
     memory_cmds,
     render,
     rpc_cmds,
@@ -150,6 +151,7 @@ COMMANDS: dict[str, Callable[[Ctx], int]] = {
     "logs": logs_cmds.cmd_logs,
     "methods": rpc_cmds.cmd_methods,
     "call": rpc_cmds.cmd_call,
+    "mcp": mcp_server.cmd_mcp,
 }
 
 
@@ -200,6 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
     context_cmds.add_parser(sub, common)
     rpc_cmds.add_parser(sub, common)
     logs_cmds.add_parser(sub, common)
+    mcp_server.add_parser(sub, common)
     return p
 
 
