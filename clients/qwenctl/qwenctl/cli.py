@@ -32,6 +32,7 @@ from qwenctl.daemon_link import (
     Unreachable,
     connect,
 )
+from qwenctl.proxy import command as proxy_cmd
 from qwenctxd.client import Client, ClientError, RemoteError
 from qwenctxd.paths import socket_path
 
@@ -150,6 +151,7 @@ COMMANDS: dict[str, Callable[[Ctx], int]] = {
     "logs": logs_cmds.cmd_logs,
     "methods": rpc_cmds.cmd_methods,
     "call": rpc_cmds.cmd_call,
+    "proxy": proxy_cmd.cmd_proxy,
 }
 
 
@@ -200,6 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
     context_cmds.add_parser(sub, common)
     rpc_cmds.add_parser(sub, common)
     logs_cmds.add_parser(sub, common)
+    proxy_cmd.add_parser(sub, common)
     return p
 
 
