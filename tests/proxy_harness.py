@@ -4,14 +4,19 @@ in front of that same server."""
 
 from __future__ import annotations
 
-import os
+import json
 import re
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
-from qwenctxd.testing.openai_stub import ScriptedOpenAI
+import openai
+import pytest
+
+from qwenctxd.testing.openai_stub import Reply, ScriptedOpenAI
 from qwenctxd.testing.spawn import SpawnedDaemon
 
 
@@ -88,4 +93,56 @@ def project(root: Path, name: str, qwen_md: str) -> Path:
     return d
 
 
-__all__ = ["RunningProxy", "daemon_for", "os", "project"]
+
+CLIENT_SYSTEM = "You are TestBot, a terse assistant."
+SUMMARY = ("<analysis>draft</analysis>\n<state_snapshot>\n<primary_request_and_intent>Answer "
+           "the numbered questions.</primary_request_and_intent>\n<next_step>Keep going."
+           "</next_step>\n</state_snapshot>")
+
+
+class Upstream:
+    """Scripted answers for the requests the proxy forwards (they carry the client's system
+    prompt); the daemon's own side queries get a compaction summary when they ask for one,
+    else a plain answer."""
+
+    def __init__(self) -> None:
+        self.replies: list[Reply] = []
+
+    def __call__(self, body: dict[str, Any]) -> Reply:
+        msgs = body.get("messages") or []
+        first = msgs[0].get("content") if msgs else ""
+        if isinstance(first, str) and first.startswith(CLIENT_SYSTEM) and self.replies:
+            return self.replies.pop(0)
+        if "state_snapshot" in json.dumps(msgs):
+            return Reply(content=SUMMARY)
+        return Reply(content="{}")
+
+
+@pytest.fixture
+def upstream() -> Iterator[tuple[ScriptedOpenAI, Upstream]]:
+    script = Upstream()
+    with ScriptedOpenAI(strict_chat=True, handler=script) as stub:
+        yield stub, script
+
+
+def forwarded(stub: ScriptedOpenAI) -> list[dict[str, Any]]:
+    """The chat bodies the proxy forwarded (not the daemon's side queries)."""
+    return [r.body for r in stub.chat_requests
+            if str((r.body.get("messages") or [{}])[0].get("content", "")).startswith(
+                CLIENT_SYSTEM)]
+
+
+def client(proxy: RunningProxy, **kw: Any) -> openai.OpenAI:
+    return openai.OpenAI(base_url=proxy.base_url, api_key=proxy.key, max_retries=0, **kw)
+
+
+@pytest.fixture
+def setup(spawn: type[SpawnedDaemon], upstream: tuple[ScriptedOpenAI, Upstream]
+          ) -> Iterator[tuple[RunningProxy, ScriptedOpenAI, Upstream, Path]]:
+    """A daemon, a project with a QWEN.md, and the proxy in front of the strict upstream."""
+    stub, script = upstream
+    d = daemon_for(spawn, stub)
+    proj = project(d.root, "proj", "Always answer in haiku.\n")
+    proxy = RunningProxy(d, stub.base_url, proj)
+    yield proxy, stub, script, proj
+    proxy.stop()

@@ -4,66 +4,29 @@ process, a spawned daemon, and a ScriptedOpenAI as the upstream model (strict ch
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx2 as httpx
 import openai
 import pytest
-from proxy_harness import RunningProxy, daemon_for, project
-
+from proxy_harness import (
+    CLIENT_SYSTEM,
+    client,
+    forwarded,
+    project,
+    setup,
+    upstream,
+)
 from qwenctl.proxy.keys import encode_project
-from qwenctxd.testing.openai_stub import Reply, ScriptedOpenAI
-from qwenctxd.testing.spawn import SpawnedDaemon
 
-CLIENT_SYSTEM = "You are TestBot, a terse assistant."
+from qwenctxd.testing.openai_stub import Reply
+
+__all__ = ["setup", "upstream"]  # fixtures
+
 TOOLS = [{"type": "function", "function": {
     "name": "read_file", "description": "read a file",
     "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}}]
-
-
-class Upstream:
-    """Scripted answers for requests the proxy forwards (they carry the client's system
-    prompt); the daemon's own side queries (extraction, titles) get a plain answer."""
-
-    def __init__(self) -> None:
-        self.replies: list[Reply] = []
-
-    def __call__(self, body: dict[str, Any]) -> Reply:
-        msgs = body.get("messages") or []
-        first = msgs[0].get("content") if msgs else ""
-        if isinstance(first, str) and first.startswith(CLIENT_SYSTEM) and self.replies:
-            return self.replies.pop(0)
-        return Reply(content="{}")
-
-
-@pytest.fixture
-def upstream() -> Iterator[tuple[ScriptedOpenAI, Upstream]]:
-    script = Upstream()
-    with ScriptedOpenAI(strict_chat=True, handler=script) as stub:
-        yield stub, script
-
-
-@pytest.fixture
-def setup(spawn: type[SpawnedDaemon], upstream: tuple[ScriptedOpenAI, Upstream]
-          ) -> Iterator[tuple[RunningProxy, ScriptedOpenAI, Upstream, Path]]:
-    stub, script = upstream
-    d = daemon_for(spawn, stub)
-    proj = project(d.root, "proj", "Always answer in haiku.\n")
-    proxy = RunningProxy(d, stub.base_url, proj)
-    yield proxy, stub, script, proj
-    proxy.stop()
-
-
-def forwarded(stub: ScriptedOpenAI) -> list[dict[str, Any]]:
-    return [r.body for r in stub.chat_requests
-            if str((r.body.get("messages") or [{}])[0].get("content", "")).startswith(
-                CLIENT_SYSTEM)]
-
-
-def client(proxy: RunningProxy, **kw: Any) -> openai.OpenAI:
-    return openai.OpenAI(base_url=proxy.base_url, api_key=proxy.key, max_retries=0, **kw)
 
 
 def test_plain_and_streamed_replies_pass_through_and_are_recorded(setup) -> None:  # type: ignore[no-untyped-def]
