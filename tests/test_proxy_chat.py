@@ -191,3 +191,25 @@ def test_bad_input_gets_clear_errors(setup) -> None:  # type: ignore[no-untyped-
     assert len(stub.chat_requests) == before  # nothing was forwarded
     # and the proxy still serves
     assert httpx.get(proxy.base_url + "/models", headers=h).status_code == 200
+
+
+def test_regenerated_history_goes_to_a_fresh_session_and_stays_valid(setup) -> None:  # type: ignore[no-untyped-def]
+    proxy, stub, script, proj = setup
+    script.replies += [Reply(content="first try"), Reply(content="second try"),
+                       Reply(content="next")]
+    c = client(proxy)
+    base = [{"role": "system", "content": CLIENT_SYSTEM}, {"role": "user", "content": "again"}]
+    first = c.chat.completions.with_raw_response.create(model="stub-model", messages=base)  # type: ignore[arg-type]
+    # the client regenerates: the same history without the reply it got
+    second = c.chat.completions.with_raw_response.create(model="stub-model", messages=base)  # type: ignore[arg-type]
+    assert second.parse().choices[0].message.content == "second try"
+    assert first.headers["x-qwenctx-session"] != second.headers["x-qwenctx-session"]
+    assert [m["role"] for m in forwarded(stub)[-1]["messages"]] == ["system", "user"]
+    third = c.chat.completions.with_raw_response.create(model="stub-model", messages=[  # type: ignore[arg-type]
+        *base, {"role": "assistant", "content": "second try"}, {"role": "user", "content": "go"}])
+    assert third.headers["x-qwenctx-session"] == second.headers["x-qwenctx-session"]
+    assert [m["role"] for m in forwarded(stub)[-1]["messages"]] == [
+        "system", "user", "assistant", "user"]
+    ids = {s["session_id"] for s in proxy.daemon.call("session.list", {"cwd": str(proj)})[
+        "sessions"]}
+    assert {first.headers["x-qwenctx-session"], second.headers["x-qwenctx-session"]} <= ids
