@@ -133,7 +133,8 @@ def forwarded(stub: ScriptedOpenAI) -> list[dict[str, Any]]:
 
 
 def client(proxy: RunningProxy, **kw: Any) -> openai.OpenAI:
-    return openai.OpenAI(base_url=proxy.base_url, api_key=proxy.key, max_retries=0, **kw)
+    return openai.OpenAI(base_url=proxy.base_url, api_key=proxy.key, max_retries=0,
+                         timeout=kw.pop("timeout", 60.0), **kw)
 
 
 @pytest.fixture

@@ -213,3 +213,22 @@ def test_regenerated_history_goes_to_a_fresh_session_and_stays_valid(setup) -> N
     ids = {s["session_id"] for s in proxy.daemon.call("session.list", {"cwd": str(proj)})[
         "sessions"]}
     assert {first.headers["x-qwenctx-session"], second.headers["x-qwenctx-session"]} <= ids
+
+
+def test_daemon_restart_mid_conversation(setup) -> None:  # type: ignore[no-untyped-def]
+    proxy, stub, script, proj = setup
+    script.replies += [Reply(content="before"), Reply(content="after")]
+    c = client(proxy)
+    msgs: list[dict[str, Any]] = [{"role": "system", "content": CLIENT_SYSTEM},
+                                  {"role": "user", "content": "remember me"}]
+    c.chat.completions.create(model="stub-model", messages=msgs)  # type: ignore[arg-type]
+    proxy.daemon.stop()
+    proxy.daemon.start()
+    msgs += [{"role": "assistant", "content": "before"}, {"role": "user", "content": "still?"}]
+    r = c.chat.completions.create(model="stub-model", messages=msgs)  # type: ignore[arg-type]
+    assert r.choices[0].message.content == "after"
+    up = forwarded(stub)[-1]["messages"]
+    # the resumed session: the earlier exchange from the recorded file, then the new input
+    assert [m["role"] for m in up] == ["system", "user", "assistant", "user"]
+    assert up[2]["content"] == "before"
+    assert len(proxy.daemon.call("session.list", {"cwd": str(proj)})["sessions"]) == 1

@@ -290,7 +290,7 @@ async def send_error_raw(send: Send, status: int, message: str) -> None:
 def build_app(cfg: ProxyConfig) -> Starlette:
     from contextlib import asynccontextmanager
 
-    from qwenctxd.client import AsyncClient
+    from qwenctl.proxy.daemon_link import DaemonLink
 
     holder: dict[str, Proxy] = {}
 
@@ -298,12 +298,13 @@ def build_app(cfg: ProxyConfig) -> Starlette:
     async def lifespan(app: Starlette):  # type: ignore[no-untyped-def]
         limits = httpx.Limits(max_connections=256, max_keepalive_connections=64)
         timeout = httpx.Timeout(connect=10.0, read=600.0, write=60.0, pool=60.0)
-        async with AsyncClient(cfg.socket) as daemon, httpx.AsyncClient(
+        daemon = DaemonLink(cfg.socket)
+        async with anyio.create_task_group() as tg, httpx.AsyncClient(
                 limits=limits, timeout=timeout) as http:
-            await daemon.call("daemon.hello", {"client": {"name": "qwenctl-proxy"},
-                                               "protocol": 1})
+            await tg.start(daemon.run)
             holder["proxy"] = Proxy(cfg, daemon, http)
             yield
+            tg.cancel_scope.cancel()
 
     async def chat(request: Request) -> Response:
         return await holder["proxy"].chat(request)
