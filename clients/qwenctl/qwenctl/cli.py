@@ -33,6 +33,7 @@ from qwenctl.daemon_link import (
     Unreachable,
     connect,
 )
+from qwenctl.proxy import command as proxy_cmd
 from qwenctxd.client import Client, ClientError, RemoteError
 from qwenctxd.paths import socket_path
 
@@ -152,6 +153,7 @@ COMMANDS: dict[str, Callable[[Ctx], int]] = {
     "methods": rpc_cmds.cmd_methods,
     "call": rpc_cmds.cmd_call,
     "mcp": mcp_server.cmd_mcp,
+    "proxy": proxy_cmd.cmd_proxy,
 }
 
 
@@ -203,6 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
     rpc_cmds.add_parser(sub, common)
     logs_cmds.add_parser(sub, common)
     mcp_server.add_parser(sub, common)
+    proxy_cmd.add_parser(sub, common)
     return p
 
 
