@@ -27,6 +27,8 @@ class Section(msgspec.Struct, kw_only=True):
     name: str
     chars: int
     est_tokens: int
+    # a base-prompt section left out because the session declared none of its tools (C5)
+    omitted: bool = False
 
 
 class PromptFile(msgspec.Struct, kw_only=True):

@@ -45,7 +45,8 @@ def register(daemon: Daemon) -> None:
                                          interaction_mode=p.interaction_mode, env=p.env)
         return wire.PromptSystemResult(
             text=sp.text,
-            sections=[wire.Section(name=n, chars=c, est_tokens=t) for n, c, t in sp.sections],
+            sections=[wire.Section(name=n, chars=c, est_tokens=t, omitted=c == 0)
+                      for n, c, t in sp.sections],
             files=[wire.PromptFile(path=path, type=kind) for path, kind in sp.files],
             prefix_hash=sp.prefix_hash,
             project_root=str(sp.project_root) if sp.project_root else None,
