@@ -274,3 +274,14 @@ def test_socket_activation_without_xdg_runtime_dir(spawn) -> None:  # type: igno
             proc.kill()
         log.close()
         bound.unlink(missing_ok=True)
+
+
+def test_qwenctl_stop_shows_drain_progress(spawn) -> None:  # type: ignore[no-untyped-def]
+    d = spawn(env={"QWENCTXD_DEBUG_METHODS": "1"}).start()
+    d.call("debug.sleep_task", {"seconds": 2.0})
+    r = subprocess.run([sys.executable, "-m", "qwenctl", "stop"], env=d.env,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "stopping: draining, 1 background job(s) pending" in r.stdout, r.stdout
+    assert r.stdout.rstrip().endswith(f"qwenctxd (pid {d.proc.pid}) stopped")
+    assert d.proc.poll() is not None
