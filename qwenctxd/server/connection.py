@@ -12,6 +12,7 @@ closed. Any failure of a connection ends that connection only.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import os
 from typing import TYPE_CHECKING, Any
@@ -51,7 +52,8 @@ class Connection:
         self._io = conn
         self._decoder = FrameDecoder(max_frame=daemon.max_frame_bytes)
         self._tg: anyio.abc.TaskGroup | None = None
-        self._slots = anyio.Semaphore(MAX_IN_FLIGHT)
+        self._running: set[asyncio.Task[None]] = set()
+        self._slot_freed: asyncio.Future[None] | None = None
         self._in_flight: dict[Any, anyio.CancelScope] = {}
         self._session_tail: dict[str, anyio.Event] = {}
 
@@ -75,6 +77,11 @@ class Connection:
                     await self._loop()
                 except _Closed:
                     pass
+                finally:
+                    for task in list(self._running):
+                        task.cancel()
+                    if self._running:
+                        await asyncio.wait(list(self._running))
                 tg.cancel_scope.cancel()
         finally:
             if self.subscription is not None:
@@ -96,9 +103,8 @@ class Connection:
             await self._admit(frame)
             frame = await self._next_frame()
         # the peer closed its side: let the requests it sent finish and answer
-        if self._tg is not None:
-            for _ in range(MAX_IN_FLIGHT):
-                await self._slots.acquire()
+        while self._running:
+            await asyncio.wait(list(self._running))
 
     async def _next_frame(self) -> bytes | None:
         """The next frame; None at end of stream. Framing errors get one reply, then close."""
@@ -146,27 +152,49 @@ class Connection:
             self.daemon.dispatcher.errors += 1
             await self._send_raw(error_frame(errors.ParseError(data={"message": str(exc)})))
             return
-        await self._slots.acquire()
-        assert self._tg is not None
+        if isinstance(obj, dict) and obj.get("method") in self.daemon.dispatcher.inline:
+            # never waits (ping, status, cancel, …): answered in the read loop, no task
+            self.daemon.request_started()
+            try:
+                reply = await self.daemon.dispatcher.dispatch_obj(obj, self)
+            finally:
+                self.daemon.request_finished()
+            if reply is not None:
+                await self._send_raw(reply)
+            return
+        while len(self._running) >= MAX_IN_FLIGHT:  # backpressure: stop reading
+            self._slot_freed = asyncio.get_running_loop().create_future()
+            await self._slot_freed
         rid = obj.get("id") if isinstance(obj, dict) else None
         if isinstance(rid, bool) or not isinstance(rid, (int, str)):
             rid = None
         # arrival order per session: wait for the previous frame on each named session
-        before: list[anyio.Event] = []
-        mine = anyio.Event()
-        for sid in _sessions_named(obj):
-            prev = self._session_tail.get(sid)
-            if prev is not None:
-                before.append(prev)
-            self._session_tail[sid] = mine
+        before: list[asyncio.Event] = []
+        mine: asyncio.Event | None = None
+        sessions = _sessions_named(obj)
+        if sessions:
+            mine = asyncio.Event()
+            for sid in sessions:
+                prev = self._session_tail.get(sid)
+                if prev is not None:
+                    before.append(prev)
+                self._session_tail[sid] = mine
         scope = anyio.CancelScope()
         if rid is not None:
             self._in_flight[rid] = scope
         self.daemon.request_started()
-        self._tg.start_soon(self._run, obj, rid, scope, before, mine)
+        task = asyncio.get_running_loop().create_task(self._run(obj, rid, scope, before, mine))
+        self._running.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._running.discard(task)
+        waiter = self._slot_freed
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     async def _run(self, obj: Any, rid: Any, scope: anyio.CancelScope,
-                   before: list[anyio.Event], mine: anyio.Event) -> None:
+                   before: list[asyncio.Event], mine: asyncio.Event | None) -> None:
         reply: bytes | None = None
         try:
             with scope:
@@ -177,13 +205,13 @@ class Connection:
                 log.info("request cancelled", conn_id=self.id, id=rid)
                 reply = error_frame(errors.RequestCancelled(data={"id": rid}), rid)
         finally:
-            mine.set()
-            for sid, tail in list(self._session_tail.items()):
-                if tail is mine:
-                    del self._session_tail[sid]
+            if mine is not None:
+                mine.set()
+                for sid, tail in list(self._session_tail.items()):
+                    if tail is mine:
+                        del self._session_tail[sid]
             if rid is not None and self._in_flight.get(rid) is scope:
                 del self._in_flight[rid]
-            self._slots.release()
             self.daemon.request_finished()
         if reply is not None:
             try:

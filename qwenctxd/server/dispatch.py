@@ -58,6 +58,7 @@ class MethodSpec(Generic[P]):
     handler: Handler
     allowed_while_stopping: bool = False
     quiet: bool = False  # logged at debug instead of info (liveness probes)
+    inline: bool = False  # the handler never awaits: run in the read loop, without a task
 
 
 def field_of(exc: msgspec.ValidationError) -> tuple[str, str, str]:
@@ -105,6 +106,7 @@ class Dispatcher:
     def __init__(self, *, is_stopping: Callable[[], bool] = lambda: False) -> None:
         self._methods: dict[str, Callable[..., Awaitable[Any]]] = {}
         self.specs: dict[str, MethodSpec[Any]] = {}
+        self.inline: set[str] = set()  # methods answered in the read loop (see MethodSpec)
         self._is_stopping = is_stopping
         self.requests = 0
         self.errors = 0
@@ -113,6 +115,8 @@ class Dispatcher:
         if spec.name in self._methods:
             raise ValueError(f"method {spec.name} registered twice")
         self.specs[spec.name] = spec
+        if spec.inline:
+            self.inline.add(spec.name)
         self._methods[spec.name] = self._wrap(spec)
 
     def _wrap(self, spec: MethodSpec[Any]) -> Callable[..., Awaitable[Any]]:

@@ -73,15 +73,19 @@ def register(daemon: Daemon) -> None:
         return discovered
 
     for spec in (
-        MethodSpec("daemon.hello", wire.HelloParams, hello, allowed_while_stopping=True),
-        MethodSpec("daemon.ping", wire.Empty, ping, allowed_while_stopping=True, quiet=True),
-        MethodSpec("daemon.status", wire.Empty, status,
-                   allowed_while_stopping=True),
+        MethodSpec("daemon.hello", wire.HelloParams, hello, allowed_while_stopping=True,
+                   inline=True),
+        MethodSpec("daemon.ping", wire.Empty, ping, allowed_while_stopping=True, quiet=True,
+                   inline=True),
+        MethodSpec("daemon.status", wire.Empty, status, allowed_while_stopping=True,
+                   inline=True),
         MethodSpec("daemon.drain", wire.DrainParams, drain, allowed_while_stopping=True),
         MethodSpec("daemon.shutdown", wire.ShutdownParams, shutdown, allowed_while_stopping=True),
         MethodSpec("daemon.subscribe", wire.SubscribeParams, subscribe),
         MethodSpec("rpc.discover", wire.Empty, discover, allowed_while_stopping=True),
-        MethodSpec("rpc.cancel", wire.CancelParams, cancel, allowed_while_stopping=True),
-        MethodSpec("$/cancelRequest", wire.CancelParams, cancel, allowed_while_stopping=True),
+        MethodSpec("rpc.cancel", wire.CancelParams, cancel, allowed_while_stopping=True,
+                   inline=True),
+        MethodSpec("$/cancelRequest", wire.CancelParams, cancel, allowed_while_stopping=True,
+                   inline=True),
     ):
         daemon.dispatcher.register(spec)
