@@ -52,7 +52,7 @@ class Connection:
         self._io = conn
         self._decoder = FrameDecoder(max_frame=daemon.max_frame_bytes)
         self._tg: anyio.abc.TaskGroup | None = None
-        self._running: set[asyncio.Task[None]] = set()
+        self._running: dict[asyncio.Task[None], anyio.CancelScope] = {}
         self._slot_freed: asyncio.Future[None] | None = None
         self._in_flight: dict[Any, anyio.CancelScope] = {}
         self._session_tail: dict[str, anyio.Event] = {}
@@ -78,8 +78,8 @@ class Connection:
                 except _Closed:
                     pass
                 finally:
-                    for task in list(self._running):
-                        task.cancel()
+                    for scope in self._running.values():  # the client is gone
+                        scope.cancel()  # (through anyio: shields inside handlers hold)
                     if self._running:
                         await asyncio.wait(list(self._running))
                 tg.cancel_scope.cancel()
@@ -184,11 +184,11 @@ class Connection:
             self._in_flight[rid] = scope
         self.daemon.request_started()
         task = asyncio.get_running_loop().create_task(self._run(obj, rid, scope, before, mine))
-        self._running.add(task)
+        self._running[task] = scope
         task.add_done_callback(self._task_done)
 
     def _task_done(self, task: asyncio.Task[None]) -> None:
-        self._running.discard(task)
+        self._running.pop(task, None)
         waiter = self._slot_freed
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
