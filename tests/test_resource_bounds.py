@@ -111,6 +111,7 @@ def test_past_max_connections_busy_and_closed(spawn) -> None:  # type: ignore[no
     reply = read_line(s, buf)
     assert reply["error"]["code"] == -32005 and reply["error"]["data"] == {"limit": 4}
     assert s.recv(100) == b""  # closed
+    s.close()
     held.pop().close()
     deadline = time.monotonic() + 10
     while True:  # a slot frees once the daemon has seen the close

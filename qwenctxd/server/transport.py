@@ -60,7 +60,7 @@ def remove_stale_socket(path: Path) -> bool:
     return True
 
 
-def bind(path: Path, backlog: int = 512) -> socket.socket:
+def bind(path: Path, backlog: int = 4096) -> socket.socket:
     """A listening socket at ``path``, created 0600 (bound under umask 077: no window)."""
     remove_stale_socket(path)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
