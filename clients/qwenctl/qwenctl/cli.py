@@ -7,7 +7,6 @@ Exit codes: 0 ok; 1 the daemon answered with an error (its message is printed); 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from collections.abc import Callable
