@@ -340,7 +340,7 @@ async def compress(
     pre_hook: PreHook | None = None,
     post_hook: PostHook | None = None,
     fast: bool = True,
-    timeout_s: float = 120,
+    timeout_s: float | None = None,
 ) -> CompressionResult:
     """One full compression of ``history`` (never raises for model or hook failures).
 
