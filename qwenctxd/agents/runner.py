@@ -126,7 +126,7 @@ async def run_agent(model: ModelClient, spec: AgentSpec, ctx: ToolContext,
                 exc.data, dict) else exc.message
     if deadline.cancelled_caught:
         outcome.status = "timed_out"
-        outcome.error = outcome.error or f"deadline {budget:g}s"
+        outcome.error = outcome.error or "timeout"
     outcome.files_written = list(dict.fromkeys(ctx.files_written))
     outcome.elapsed_s = round(time.monotonic() - started, 3)
     log.info("agent finished", agent=spec.name, status=outcome.status, turns=outcome.turns,
