@@ -88,4 +88,4 @@ def test_a_failed_extraction_counts_as_failed_with_its_cause(spawn, hung) -> Non
     assert bg["completed"] + bg["failed"] >= len(failures)
     assert bg["last_extract_at"] is None
     model = d.call("daemon.status")["model"]
-    assert model["deadlines"]["extract"] == 1 and model["last_error"] == "timeout"
+    assert model["deadlines"]["extract"] == 1 and model["quirks"] == []
