@@ -106,6 +106,13 @@ class _Request:
     model: str
     timeout: float
     kwargs: dict[str, Any]
+    #: monotonic time by which the call must end (set when the request is prepared, so the
+    #: lazy ``openai`` import and connection set-up count against the deadline too)
+    deadline: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.deadline:
+            self.deadline = time.monotonic() + self.timeout
 
 
 class ModelClient:
@@ -302,7 +309,7 @@ class ModelClient:
                 call, messages, model, fast, max_tokens, temperature, None, None, timeout_s,
                 extra_body, feature, thinking,
             )  # fmt: skip
-            deadline = time.monotonic() + req.timeout
+            deadline = req.deadline
             base = dict(req.kwargs)
             rungs = [
                 ("json_schema_rejected", {"type": "json_schema", "json_schema": {
@@ -461,7 +468,11 @@ class ModelClient:
             call.error_type = type(exc).__name__
             raise mapped from None
         try:
-            with anyio.fail_after(req.timeout):
+            remaining = req.deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError
+            req.timeout = remaining
+            with anyio.fail_after(remaining):
                 return await body(slot.client, req)
         except ModelUnavailable:
             raise
