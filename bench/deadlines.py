@@ -85,27 +85,25 @@ def main() -> None:
                 if any(e["type"] == "compression_failed" for e in p["events"]):
                     holds.setdefault("compress (auto, in session.turn)", []).append(took)
                     break
-            calls = {
-                "compress": lambda: d.call("session.compress", {"session_id": sid,
-                                                                "mode": "full"}),
-                "recap": lambda: d.call("session.recap", {"session_id": sid}),
-                "project_summary": lambda: d.call("session.project_summary",
-                                                  {"session_id": sid}),
-                "recall": lambda: d.call("memory.recall", {"cwd": str(proj),
-                                                           "query": "how do we deploy"}),
-                "forget": lambda: d.call("memory.forget_candidates",
-                                         {"cwd": str(proj), "query": "forget deploys"}),
+            calls: dict[str, tuple[str, dict[str, Any]]] = {
+                "compress": ("session.compress", {"session_id": sid, "mode": "full"}),
+                "recap": ("session.recap", {"session_id": sid}),
+                "project_summary": ("session.project_summary", {"session_id": sid}),
+                "recall": ("memory.recall", {"cwd": str(proj), "query": "how do we deploy"}),
+                "forget": ("memory.forget_candidates", {"cwd": str(proj),
+                                                        "query": "forget deploys"}),
             }
-            for name, fn in calls.items():
-                holds.setdefault(name, []).append(_timed(fn))
+            for name, (method, params) in calls.items():
+                holds.setdefault(name, []).append(
+                    _timed(lambda m=method, p=params: d.call(m, p)))
 
-            def extract() -> None:
+            def extract(sid: str = sid) -> None:
                 d.call("memory.extract", {"session_id": sid})
                 d.call("daemon.drain", {"timeout_s": 60})
 
             holds.setdefault("extract", []).append(_timed(extract))
 
-            def speculate() -> None:
+            def speculate(sid: str = sid) -> None:
                 spec = d.call("speculation.start", {"session_id": sid, "suggestion": "add a test"})
                 while d.call("speculation.status", {"speculation_id": spec["speculation_id"]}
                              )["status"]["state"] in ("pending", "running"):
