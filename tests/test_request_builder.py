@@ -210,3 +210,20 @@ def test_built_payloads_always_pass_the_strict_check(msgs: list[dict[str, Any]],
 def test_summary_problem_names() -> None:
     assert summary_problem(SNAPSHOT) is None
     assert summary_problem("short") == "too_short"
+
+
+def test_config_toml_sets_profile_window_and_deadlines(tmp_path: Any) -> None:
+    from qwenctxd.config.layers import build, read_config_toml
+    from qwenctxd.protocol.errors import ConfigError
+
+    good = tmp_path / "config.toml"
+    good.write_text('[model]\nbase_url = "http://127.0.0.1:1/v1"\nmodel = "m"\n'
+                    'profile = "vllm"\ncontext_window = 8192\n[model.deadlines]\ncompress_s = 5\n')
+    ep = build([read_config_toml(good)]).endpoint()
+    client = ModelClient(ep)
+    assert (ep.profile, client.context_window, client.deadline("compress")) == ("vllm", 8192, 5)
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[model.deadlines]\ncompres_s = 5\n")
+    with pytest.raises(ConfigError) as info:
+        read_config_toml(bad)
+    assert "compres_s" in str(info.value)
