@@ -204,7 +204,10 @@ def test_every_feature_against_llama_cpp(real_daemon: SpawnedDaemon, llama: Llam
     # the server rejected nothing the daemon sent, and every feature's request reached it
     assert llama.rejected() == [], llama.rejected()
     chats = [r for r in llama.responses() if "chat/completions" in r[1]]
-    assert len(chats) >= 6, chats
+    assert chats, llama.log_text()[-2000:]
     model = call(d, "daemon.status")["model"]
+    # every feature sent at least one request (the server answers one at a time, so calls
+    # that reached their deadline while queued never show in its access log)
+    assert model["calls"] >= 7, model
     assert isinstance(model["quirks"], list)
     assert model["profile"] == "llamacpp" and model["context_window"] == llama.n_ctx
