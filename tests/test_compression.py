@@ -339,7 +339,9 @@ async def test_successful_compression(strict_openai_stub: ScriptedOpenAI, tmp_pa
     assert validate_chat_body(body) == []
     assert body["stream"] is True
     assert body["max_tokens"] == 20_000
-    assert body["enable_thinking"] is False
+    assert "enable_thinking" not in body  # the default "openai" profile sends no provider knob
+    assert body["tool_choice"] if body.get("tools") else "tool_choice" not in body
+    assert stub.rejected == []
     assert body["model"] == "stub-fast"
     sent = json.dumps(body["messages"])
     assert "data:image" not in sent and "[image: image/png]" in sent

@@ -3,7 +3,10 @@
 An agent gets its own system prompt, task, tool set and permission scope, and turn and time
 budgets. Tool calls of one model reply run concurrently; every result is capped. The history
 copy is made to end with an assistant message (a trailing user message dropped, open tool
-calls closed) so the forked request is a valid conversation. Cancellation (shutdown, a newer
+calls closed) so the forked request is a valid conversation. Every turn goes through the model
+client's request builder (``tool_choice: "auto"``, ``max_tokens`` sized to the context, no null
+content); the whole run is capped by the feature's deadline (``model.deadlines.<feature>_s``, or
+``model.timeout_s``), whatever the agent's own ``max_time_s``. Cancellation (shutdown, a newer
 request) propagates: the caller records the outcome as ``cancelled`` — never as completed.
 """
 
@@ -34,6 +37,14 @@ class AgentSpec:
     max_turns: int = 5
     max_time_s: float = 120.0
     fast: bool = False
+    feature: str = ""  # model.deadlines key; "" → derived from the agent's name
+
+    @property
+    def deadline_feature(self) -> str:
+        return self.feature or _FEATURE_OF.get(self.name, "other")
+
+
+_FEATURE_OF = {"memory-extractor": "extract", "dream": "dream", "skill-reviewer": "skill_review"}
 
 
 @dataclass
@@ -86,15 +97,16 @@ async def run_agent(model: ModelClient, spec: AgentSpec, ctx: ToolContext,
                                       *fork_history(history),
                                       {"role": "user", "content": spec.task}]
     tools = [DECLARATIONS[t] for t in spec.tools]
-    with anyio.move_on_after(spec.max_time_s) as deadline:
+    feature = spec.deadline_feature
+    budget = min(spec.max_time_s, model.deadline(feature))
+    with anyio.move_on_after(budget) as deadline:
         try:
             for turn in range(1, spec.max_turns + 1):
                 outcome.turns = turn
-                left = max(1.0, spec.max_time_s - (time.monotonic() - started))
+                left = max(0.5, budget - (time.monotonic() - started))
                 reply = await model.complete(messages, tools=tools, fast=spec.fast,
-                                             timeout_s=left,
-                                             extra_body={"enable_thinking": False})
-                msg: dict[str, Any] = {"role": "assistant", "content": reply.text or None}
+                                             timeout_s=left, feature=feature)
+                msg: dict[str, Any] = {"role": "assistant", "content": reply.text or ""}
                 if reply.tool_calls:
                     msg["tool_calls"] = reply.tool_calls
                 messages.append(msg)
@@ -114,6 +126,7 @@ async def run_agent(model: ModelClient, spec: AgentSpec, ctx: ToolContext,
                 exc.data, dict) else exc.message
     if deadline.cancelled_caught:
         outcome.status = "timed_out"
+        outcome.error = outcome.error or "timeout"
     outcome.files_written = list(dict.fromkeys(ctx.files_written))
     outcome.elapsed_s = round(time.monotonic() - started, 3)
     log.info("agent finished", agent=spec.name, status=outcome.status, turns=outcome.turns,

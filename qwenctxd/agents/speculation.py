@@ -219,7 +219,7 @@ class Speculation:
                     model_scope.cancel()
                 reply = await self._model.complete(
                     [*convo, *self.messages], tools=decls, fast=self.fast, timeout_s=left,
-                    extra_body={"enable_thinking": False})
+                    feature="speculation")
             self._model_scope = None
             if model_scope.cancelled_caught:
                 return "stopped"
@@ -349,7 +349,8 @@ class SpeculationManager:
         spec = Speculation(model=model, session_history=session_history, cwd=cwd,
                            project_root=root, suggestion=suggestion, session_id=session_id,
                            system=system, overlay=overlay, max_turns=max_turns,
-                           max_messages=max_messages, max_time_s=max_time_s, fast=fast,
+                           max_messages=max_messages,
+                           max_time_s=min(max_time_s, model.deadline("speculation")), fast=fast,
                            allow_shell=allow_shell, allow_writes=allow_writes)
         self._specs[spec.id] = spec
         self._prune()

@@ -436,7 +436,7 @@ async def compress(
     pre_hook: PreHook | None = None,
     post_hook: PostHook | None = None,
     fast: bool = True,
-    timeout_s: float = 120,
+    timeout_s: float | None = None,
     file_tools: FileToolSet | None = None,
     touched_paths: Sequence[str] = (),
 ) -> CompressionResult:

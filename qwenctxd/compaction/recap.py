@@ -5,7 +5,8 @@ last 30 such messages, with tool calls, tool results, media and reasoning remove
 would drown the recap model; hidden reasoning would leak into a user-visible note), sliced to
 start at a user message. It never raises: any problem yields ``status="unavailable"`` with a
 reason. :func:`project_summary` asks for the ``# Project Summary`` Markdown document and raises
-``ModelUnavailable`` on failure so the caller can map it to its protocol error.
+``ModelUnavailable`` on failure so the caller can map it to its protocol error; its output is
+judged before anyone writes it (:func:`project_summary_problem`: reason ``unusable_output``).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import msgspec
 import structlog
 
 from qwenctxd.compaction.prompts import project_summary_prompt, recap_prompt
-from qwenctxd.compaction.summary import side_query_messages, slim_for_compaction
+from qwenctxd.compaction.summary import side_query_messages, slim_for_compaction, summary_problem
 from qwenctxd.model.results import reason_of, unavailable
 from qwenctxd.protocol.errors import ModelUnavailable
 
@@ -32,6 +33,7 @@ __all__ = [
     "dialog_messages",
     "parse_recap",
     "project_summary",
+    "project_summary_problem",
     "recap",
 ]
 
@@ -125,7 +127,7 @@ async def recap(
     history: Sequence[Mapping[str, Any]],
     *,
     fast: bool = True,
-    timeout_s: float = 30,
+    timeout_s: float | None = None,
 ) -> RecapResult:
     """A 1–3 sentence "where were we" note for ``history``; never raises.
 
@@ -149,7 +151,7 @@ async def recap(
             max_tokens=RECAP_MAX_TOKENS,
             temperature=RECAP_TEMPERATURE,
             timeout_s=timeout_s,
-            extra_body={"enable_thinking": False},
+            feature="recap",
         )
     except ModelUnavailable as exc:
         return RecapResult(status="unavailable", reason=reason_of(exc))
@@ -181,7 +183,7 @@ async def project_summary(
     model_client: ModelClient,
     history: Sequence[Mapping[str, Any]],
     *,
-    timeout_s: float = 60,
+    timeout_s: float | None = None,
 ) -> str:
     """The ``# Project Summary`` Markdown for ``history`` (main model, streamed, thinking off).
 
@@ -195,9 +197,25 @@ async def project_summary(
         messages,
         max_tokens=PROJECT_SUMMARY_MAX_TOKENS,
         timeout_s=timeout_s,
-        extra_body={"enable_thinking": False},
+        feature="project_summary",
     )
     text = _clean_summary(done.text or "")
-    if not text:
-        raise unavailable("empty")
+    problem = project_summary_problem(text)
+    if problem is not None:
+        log.info("project_summary_rejected", problem=problem, chars=len(text))
+        raise unavailable("empty" if not text else "unusable_output", detail=problem)
     return text
+
+
+def project_summary_problem(text: str) -> str | None:
+    """Why ``text`` is not a project summary worth writing (None when it is).
+
+    The same test as a compression summary (:func:`~qwenctxd.compaction.summary.summary_problem`):
+    too short or shaped like a tool call; and it must carry a Markdown heading.
+    """
+    problem = summary_problem(text, marker=None)
+    if problem is not None:
+        return problem
+    if not re.search(r"^#{1,3} \S", text, re.MULTILINE):
+        return "no_heading"
+    return None

@@ -1,9 +1,12 @@
 """The compression side query: slim the history, ask for a state snapshot, judge the answer.
 
 :func:`summarize` sends the whole (slimmed) history to the model once, streamed, with thinking
-off and a 20 000-token output cap, and classifies the outcome with the status names of Qwen
-Code's ``CompressionStatus`` in snake case. Emptiness is judged *after* removing the
-``<analysis>`` draft: a reply that is only a draft is a failure, not a summary.
+off and an output cap of at most 20 000 tokens (less when the context window leaves less: the
+request builder sizes it), and classifies the outcome with the status names of Qwen Code's
+``CompressionStatus`` in snake case. The answer is judged *after* removing the ``<analysis>``
+draft (:func:`summary_problem`): a reply without a ``<state_snapshot>``, shorter than
+:data:`MIN_SUMMARY_CHARS` or shaped like a tool call is ``failed_empty_summary`` and the
+history is kept.
 
 The side query must be a valid chat conversation even when the history is not (a trailing tool
 call still waiting for its result, a result whose call was lost, two user turns in a row), so
@@ -42,11 +45,14 @@ __all__ = [
     "slim_for_compaction",
     "strip_analysis",
     "summarize",
+    "summary_problem",
 ]
 
 log = structlog.get_logger(__name__)
 
 COMPACT_MAX_OUTPUT_TOKENS: Final = 20_000
+MIN_SUMMARY_CHARS: Final = 32
+SNAPSHOT_MARKER: Final = "<state_snapshot>"
 MAX_HOOK_INSTRUCTIONS_CHARS: Final = 4_000
 MAX_FOCUS_CHARS: Final = 2_000
 
@@ -66,6 +72,11 @@ _MEDIA_KINDS = {
 }
 _MIME_BAD = re.compile(r"[\r\n\t]")
 _DATA_URL = re.compile(r"^data:([^;,]*)[;,]", re.IGNORECASE)
+_TOOL_CALL_SHAPE = re.compile(
+    r"""^\s*(?:<tool_call>|<\|?tool_call|<function|<functioncall>|\[?\s*\{\s*"(?:name|function|tool|"""
+    r"""tool_calls|arguments|type)"\s*:)""",
+    re.IGNORECASE,
+)
 _PENDING_RESULT = "[This tool call was still running when the conversation was compacted.]"
 _MISSING_RESULT = "[No result was recorded for this tool call.]"
 
@@ -87,6 +98,23 @@ class SummaryOutcome(msgspec.Struct, kw_only=True):
     @property
     def ok(self) -> bool:
         return self.status == "compressed"
+
+
+def summary_problem(text: str, *, marker: str | None = SNAPSHOT_MARKER) -> str | None:
+    """Why ``text`` (analysis already removed) cannot stand in for a history, or None.
+
+    ``too_short`` under :data:`MIN_SUMMARY_CHARS`, ``tool_call_shaped`` when it opens like a
+    tool call (a tiny model answering with a fake call), ``no_state_snapshot`` when ``marker``
+    is set and missing.
+    """
+    body = text.strip()
+    if len(body) < MIN_SUMMARY_CHARS:
+        return "too_short"
+    if _TOOL_CALL_SHAPE.match(body):
+        return "tool_call_shaped"
+    if marker is not None and marker not in body.lower():
+        return "no_state_snapshot"
+    return None
 
 
 def strip_analysis(text: str) -> str:
@@ -286,14 +314,16 @@ async def summarize(
     focus: str | None = None,
     hook_instructions: str | None = None,
     fast: bool = True,
-    timeout_s: float = 120,
+    timeout_s: float | None = None,
 ) -> SummaryOutcome:
     """Run the compression side query over ``history``; never raises for model failures.
 
-    One streamed attempt, thinking off, ``max_tokens=20 000``. ``focus`` (user text, capped at
+    One streamed attempt, thinking off, ``max_tokens`` at most 20 000 (sized to the window);
+    ``timeout_s`` None → the ``compress`` feature deadline. ``focus`` (user text, capped at
     2 000 chars) and ``hook_instructions`` (PreCompact output, capped at 4 000) are appended to
     the system prompt under "Additional instructions". Statuses: ``compressed``,
-    ``failed_empty_summary`` (nothing left after removing ``<analysis>``, or an empty reply),
+    ``failed_empty_summary`` (nothing usable after removing ``<analysis>``: see
+    :func:`summary_problem`; ``error`` names the problem),
     ``failed_output_truncated`` (``finish_reason == "length"`` or output at the cap) and
     ``failed_model_error`` (any ``ModelUnavailable``; ``error`` holds its reason).
     """
@@ -307,7 +337,7 @@ async def summarize(
             fast=fast,
             max_tokens=COMPACT_MAX_OUTPUT_TOKENS,
             timeout_s=timeout_s,
-            extra_body={"enable_thinking": False},
+            feature="compress",
         )
     except ModelUnavailable as exc:
         reason = reason_of(exc)
@@ -319,9 +349,10 @@ async def summarize(
     completion = usage.get("completion_tokens")
     output_tokens = completion if isinstance(completion, int) else estimate_tokens(raw)
     summary = strip_analysis(raw)
+    problem: str | None = None
     if done.finish_reason == "length" or output_tokens >= COMPACT_MAX_OUTPUT_TOKENS:
-        status = "failed_output_truncated"
-    elif not summary:
+        status, problem = "failed_output_truncated", "finish_reason_length"
+    elif (problem := summary_problem(summary)) is not None:
         status = "failed_empty_summary"
     else:
         status = "compressed"
@@ -329,9 +360,11 @@ async def summarize(
         "compaction_summary",
         trigger=trigger,
         status=status,
+        problem=problem,
         output_tokens=output_tokens,
         finish_reason=done.finish_reason,
     )
     return SummaryOutcome(
-        status=status, summary_text=summary, raw_text=raw, output_tokens=output_tokens
-    )
+        status=status, summary_text=summary, raw_text=raw, output_tokens=output_tokens,
+        error=problem,
+    )  # fmt: skip

@@ -78,14 +78,43 @@ class ModelSettings(_Section):
     generation_config: GenerationConfig = msgspec.field(default_factory=GenerationConfig)
 
 
+class ModelDeadlines(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """``[model.deadlines]``: one feature's whole budget in seconds; unset → the feature's own
+    budget capped by ``model.timeout_s`` (qwenctxd.model.request.FEATURES)."""
+
+    compress_s: PositiveFloat | None = None
+    project_summary_s: PositiveFloat | None = None
+    recap_s: PositiveFloat | None = None
+    recall_s: PositiveFloat | None = None
+    forget_s: PositiveFloat | None = None
+    extract_s: PositiveFloat | None = None
+    dream_s: PositiveFloat | None = None
+    skill_review_s: PositiveFloat | None = None
+    speculation_s: PositiveFloat | None = None
+
+    def as_dict(self) -> dict[str, float | None]:
+        return {f: getattr(self, f) for f in self.__struct_fields__}
+
+
+EndpointProfile = Literal["openai", "vllm", "ollama", "llamacpp", "dashscope"]
+
+
 class ModelEndpoint(msgspec.Struct, kw_only=True):
-    """Where side queries go (OPENAI_BASE_URL / OPENAI_API_KEY / OPENAI_MODEL in the env)."""
+    """Where side queries go (OPENAI_BASE_URL / OPENAI_API_KEY / OPENAI_MODEL in the env).
+
+    ``profile`` decides the provider-specific knobs (thinking off as ``chat_template_kwargs`` for
+    vLLM, ``enable_thinking`` for DashScope, none otherwise); ``context_window`` sizes
+    ``max_tokens`` (falls back to ``model.generationConfig.contextWindowSize``).
+    """
 
     base_url: str | None = None
     api_key: str | None = None
     model: str | None = None
     fast_model: str | None = None
     timeout_s: PositiveFloat = 60.0
+    profile: EndpointProfile = "openai"
+    context_window: Annotated[int, Meta(ge=256)] | None = None
+    deadlines: ModelDeadlines = msgspec.field(default_factory=ModelDeadlines)
 
     @property
     def configured(self) -> bool:
@@ -123,9 +152,12 @@ class Settings(msgspec.Struct, kw_only=True, rename={"fast_model": "fastModel"})
         config.toml and the environment (OPENAI_MODEL, QWENCTXD_FAST_MODEL) set nothing, as
         Qwen Code lets OPENAI_MODEL override ``model.name``."""
         ep = self.model_endpoint
-        changes: dict[str, str] = {}
+        changes: dict[str, object] = {}
         if ep.fast_model is None and self.fast_model:
             changes["fast_model"] = self.fast_model
         if ep.model is None and self.model.name:
             changes["model"] = self.model.name
+        window = self.model.generation_config.context_window_size
+        if ep.context_window is None and window is not None and window >= 256:
+            changes["context_window"] = window
         return msgspec.structs.replace(ep, **changes) if changes else ep

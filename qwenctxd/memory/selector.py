@@ -1,11 +1,14 @@
 """The model side of recall and forget: pick memories from headers only, never bodies.
 
-Recall asks the fast model (temperature 0, JSON-schema output, 30 s) to choose up to five
+Recall asks the fast model (temperature 0, structured output, the ``recall`` deadline: 30 s
+capped by ``model.timeout_s``) to choose up to five
 memories from a manifest of one line per candidate — type, absolute path, date, description,
 keywords — capped at 25 000 bytes. Forget asks the MAIN model (deletion is not confirmed by
 the model, so the stronger one decides) to pick candidates for a user request that is fenced
 as data. Answers naming unknown paths or ids are filtered out; any failure raises
-ModelUnavailable so the caller falls back to the lexical path.
+ModelUnavailable so the caller falls back to the lexical path; so does an answer that selects
+nothing (the caller's choice: memory.service lets the lexical tier answer, forget falls back to
+term matching, qwenctxd.memory.forget_match).
 """
 
 from __future__ import annotations
@@ -86,7 +89,7 @@ def manifest(docs: Sequence[Header]) -> tuple[str, list[str]]:
 
 async def select_for_recall(model: ModelClient, query: str, docs: Sequence[Header], *,
                             active_tools: Sequence[str] = (), limit: int = 5,
-                            timeout_s: float = RECALL_TIMEOUT_S) -> list[str]:
+                            timeout_s: float | None = None) -> list[str]:
     """Paths the model chose (subset of the manifest, in its order, at most ``limit``)."""
     if not model.configured:
         raise ModelUnavailable("no model configured", data={"reason": "not_configured"})
@@ -99,7 +102,8 @@ async def select_for_recall(model: ModelClient, query: str, docs: Sequence[Heade
     reply = await model.complete_json(
         [{"role": "system", "content": RECALL_SYSTEM.format(limit=limit)},
          {"role": "user", "content": user}],
-        RECALL_SCHEMA, name="memory_recall", fast=True, temperature=0, timeout_s=timeout_s)
+        RECALL_SCHEMA, name="memory_recall", fast=True, temperature=0, timeout_s=timeout_s,
+        feature="recall")
     chosen = reply.get("selected_memories")
     if not isinstance(chosen, list):
         raise ModelUnavailable("selector answered without selected_memories",
@@ -114,7 +118,7 @@ async def select_for_recall(model: ModelClient, query: str, docs: Sequence[Heade
 
 async def select_for_forget(model: ModelClient, request: str,
                             candidates: Sequence[tuple[str, str]], *, limit: int = 5,
-                            timeout_s: float = FORGET_TIMEOUT_S) -> list[str]:
+                            timeout_s: float | None = None) -> list[str]:
     """Candidate ids the main model chose for ``request``; ``candidates`` = (id, summary)."""
     if not model.configured:
         raise ModelUnavailable("no model configured", data={"reason": "not_configured"})
@@ -124,7 +128,8 @@ async def select_for_forget(model: ModelClient, request: str,
     reply = await model.complete_json(
         [{"role": "system", "content": FORGET_SYSTEM.format(limit=limit)},
          {"role": "user", "content": user}],
-        FORGET_SCHEMA, name="memory_forget", fast=False, temperature=0, timeout_s=timeout_s)
+        FORGET_SCHEMA, name="memory_forget", fast=False, temperature=0, timeout_s=timeout_s,
+        feature="forget")
     chosen = reply.get("selected_candidate_ids")
     if not isinstance(chosen, list):
         raise ModelUnavailable("selector answered without selected_candidate_ids",

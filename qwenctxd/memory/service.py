@@ -22,8 +22,8 @@ import structlog
 from qwenctxd.config import ConfigStore
 from qwenctxd.events import EventBus
 from qwenctxd.fsutil import atomic_write, read_regular
+from qwenctxd.memory import forget_match, render, secrets, selector, store
 from qwenctxd.memory import paths as mpaths
-from qwenctxd.memory import render, secrets, selector, store
 from qwenctxd.memory.index import rebuild_index
 from qwenctxd.memory.lexical import LexicalIndex
 from qwenctxd.memory.prompt import memory_section
@@ -213,10 +213,13 @@ class MemoryService:
             candidates = (ranked + recent)[:MODEL_CANDIDATES]
             try:
                 picked = await selector.select_for_recall(
-                    model, query, candidates, active_tools=active_tools, limit=limit,
-                    timeout_s=min(selector.RECALL_TIMEOUT_S, model.endpoint.timeout_s))
+                    model, query, candidates, active_tools=active_tools, limit=limit)
                 chosen = [by_path[p] for p in picked if p in by_path]
-                strategy = "model"
+                if chosen:
+                    strategy = "model"
+                else:  # an answer that selects nothing lets the lexical tier answer
+                    fell_back = "model_selected_nothing"
+                    log.info("recall fell back to lexical", reason=fell_back)
             except ModelUnavailable as exc:
                 fell_back = (exc.data or {}).get("reason", "error") if isinstance(
                     exc.data, dict) else "error"
@@ -329,18 +332,14 @@ class MemoryService:
                                f"{d.description}") for cid, d in ids.items()]
             try:
                 chosen = await selector.select_for_forget(model, query, summaries, limit=limit)
-                return [(ids[c], "selected by the model") for c in chosen]
+                if chosen:
+                    return [(ids[c], "selected by the model") for c in chosen]
+                log.info("forget: the model chose nothing; falling back to term matching")
             except ModelUnavailable as exc:
-                log.info("forget fell back to substring match",
+                log.info("forget fell back to term matching",
                          reason=(exc.data or {}).get("reason") if isinstance(exc.data, dict)
                          else None)
-        needle = " ".join(query.lower().split())
-        out = []
-        for d in sorted(docs, key=lambda d: -d.mtime):
-            hay = " ".join([d.name, d.description, d.body]).lower()
-            if needle and needle in " ".join(hay.split()):
-                out.append((d, f"contains {query!r}"))
-        return out[:limit]
+        return forget_match.term_candidates(query, docs, limit=limit)
 
     async def forget(self, cwd: Path, paths: Sequence[str]) -> list[str]:
         proj = await self.project(cwd)

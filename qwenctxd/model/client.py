@@ -12,9 +12,15 @@ JSON output. It owns the policy around those calls:
   ``data["reason"]`` one of ``not_configured``, ``timeout``, ``connection``, ``http_<status>``,
   ``invalid_json``, ``stream_cut``, ``empty`` or ``api_error``; messages never carry the API key
   or reply contents, and failures are logged at warning level without message contents;
-* ``complete_json`` asks for ``json_schema`` output and falls back once (and from then on, per
-  endpoint and model) to ``json_object`` with the schema in the system prompt when the endpoint
-  rejects ``json_schema`` (llama.cpp answers HTTP 500).
+* every payload is built by :func:`qwenctxd.model.request.build_payload` (no null content,
+  ``tool_choice`` with tools, ``max_tokens`` sized to the context window and the feature's cap,
+  provider knobs by endpoint profile); each call names its ``feature``, whose deadline is
+  ``model.deadlines.<feature>_s`` or the feature's own budget capped by ``model.timeout_s``;
+* ``complete_json`` walks the structured-output ladder: ``json_schema`` → ``json_object`` with
+  the schema in the system prompt → plain text with the schema in the prompt, parsed. A rung the
+  endpoint rejects (HTTP 400/422/500) is learned once per base URL as a *quirk*
+  (``json_schema_rejected``, ``json_object_rejected``) and skipped from then on; quirks are in
+  ``status()`` (``daemon.status`` → ``model.quirks``, ``qwenctl status``).
 
 One ``AsyncOpenAI`` (and its connection pool) is kept per (base_url, api_key); ``update()``
 swaps the endpoint on config reload and retires the old client once its calls finish. A
@@ -37,6 +43,13 @@ import anyio
 import structlog
 
 from qwenctxd.config.schema import ModelEndpoint
+from qwenctxd.model.request import (
+    DEFAULT_CONTEXT_WINDOW,
+    PROFILE_QUIRKS,
+    PromptTooLong,
+    build_payload,
+    feature_deadline,
+)
 from qwenctxd.model.results import (
     Completion,
     Message,
@@ -49,6 +62,7 @@ from qwenctxd.model.results import (
     url_problem,
     usage_dict,
     with_schema_instruction,
+    without_response_format,
 )
 from qwenctxd.protocol.errors import ModelUnavailable
 
@@ -63,6 +77,8 @@ T = TypeVar("T")
 DeltaCallback = Callable[[str], Awaitable[None] | None]
 
 _SCHEMA_REJECTED = frozenset({"http_400", "http_422", "http_500"})
+_STATUS_FEATURES = ("compress", "project_summary", "recap", "recall", "forget", "extract",
+                    "dream", "skill_review", "speculation")
 
 
 @dataclass(slots=True)
@@ -90,6 +106,13 @@ class _Request:
     model: str
     timeout: float
     kwargs: dict[str, Any]
+    #: monotonic time by which the call must end (set when the request is prepared, so the
+    #: lazy ``openai`` import and connection set-up count against the deadline too)
+    deadline: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.deadline:
+            self.deadline = time.monotonic() + self.timeout
 
 
 class ModelClient:
@@ -100,7 +123,7 @@ class ModelClient:
         self._openai: ModuleType | None = None
         self._slot: _Slot | None = None
         self._retired: list[_Slot] = []
-        self._json_object_only: set[tuple[str | None, str]] = set()
+        self._quirks: dict[str, set[str]] = {}
         self._calls = 0
         self._failures = 0
         self._last_error: str | None = None
@@ -143,8 +166,34 @@ class ModelClient:
             "calls": self._calls,
             "failures": self._failures,
             "last_error": self._last_error,
-            "json_schema_fallback": (ep.base_url, ep.model or "") in self._json_object_only,
+            "profile": ep.profile,
+            "context_window": self.context_window,
+            "deadlines": {f: self.deadline(f) for f in _STATUS_FEATURES},
+            "quirks": sorted(self.quirks()),
+            "json_schema_fallback": "json_schema_rejected" in self.quirks(),
         }
+
+    @property
+    def context_window(self) -> int:
+        return self._endpoint.context_window or DEFAULT_CONTEXT_WINDOW
+
+    def deadline(self, feature: str) -> float:
+        """The whole budget of ``feature`` in seconds (see the module docstring)."""
+        ep = self._endpoint
+        return feature_deadline(feature, ep.timeout_s, ep.deadlines.as_dict())
+
+    def quirks(self, base_url: str | None = None) -> set[str]:
+        """What this daemon learned the endpoint at ``base_url`` (default: the current) rejects."""
+        url = self._endpoint.base_url if base_url is None else base_url
+        known = PROFILE_QUIRKS.get(self._endpoint.profile, frozenset())
+        return set(self._quirks.get(url or "", ())) | known
+
+    def _learn(self, quirk: str) -> None:
+        url = self._endpoint.base_url or ""
+        known = self._quirks.setdefault(url, set())
+        if quirk not in known:
+            known.add(quirk)
+            log.info("model_endpoint_quirk_learned", quirk=quirk, endpoint=safe_url(url))
 
     async def warm_up(self) -> None:
         """Import ``openai`` now (in a worker thread) instead of on the first call."""
@@ -175,6 +224,11 @@ class ModelClient:
     ) -> None:
         await self.aclose()
 
+    def _unlearn(self, quirks: Sequence[str]) -> None:
+        known = self._quirks.get(self._endpoint.base_url or "", set())
+        for quirk in quirks:
+            known.discard(quirk)
+
     # -- public calls ------------------------------------------------------------------------
 
     async def complete(
@@ -189,12 +243,14 @@ class ModelClient:
         tool_choice: str | Mapping[str, Any] | None = None,
         timeout_s: float | None = None,
         extra_body: Mapping[str, Any] | None = None,
+        feature: str = "other",
+        thinking: bool | None = False,
     ) -> Completion:
         """One non-streamed chat completion."""
         with self._accounting("complete") as call:
             req = self._prepare(
                 call, messages, model, fast, max_tokens, temperature, tools, tool_choice,
-                timeout_s, extra_body,
+                timeout_s, extra_body, feature, thinking,
             )  # fmt: skip
             return await self._run(call, req, self._complete_once)
 
@@ -211,12 +267,14 @@ class ModelClient:
         timeout_s: float | None = None,
         extra_body: Mapping[str, Any] | None = None,
         on_delta: DeltaCallback | None = None,
+        feature: str = "other",
+        thinking: bool | None = False,
     ) -> Completion:
         """A streamed chat completion, accumulated; ``on_delta`` sees each text delta."""
         with self._accounting("stream") as call:
             req = self._prepare(
                 call, messages, model, fast, max_tokens, temperature, tools, tool_choice,
-                timeout_s, extra_body,
+                timeout_s, extra_body, feature, thinking,
             )  # fmt: skip
 
             async def body(client: AsyncOpenAI, r: _Request) -> Completion:
@@ -236,53 +294,62 @@ class ModelClient:
         temperature: float | None = None,
         timeout_s: float | None = None,
         extra_body: Mapping[str, Any] | None = None,
+        feature: str = "other",
+        thinking: bool | None = False,
     ) -> dict[str, Any]:
         """Structured output: a JSON object meant to follow ``schema`` (not validated here).
 
-        Tries ``response_format=json_schema`` first; if the endpoint rejects it (HTTP 400, 422
-        or 500) retries once with ``json_object`` plus the schema in the system prompt and
-        remembers that this endpoint and model need the fallback. Both attempts share one
-        deadline.
+        The ladder: ``json_schema``; then ``json_object`` with the schema in the system prompt;
+        then no ``response_format`` at all, the schema in the prompt and the JSON parsed out of
+        the text. A rung answered with HTTP 400/422/500 is learned as a quirk of the endpoint and
+        skipped by later calls. Every rung carries ``max_tokens``; all share one deadline.
         """
         with self._accounting("complete_json") as call:
             req = self._prepare(
                 call, messages, model, fast, max_tokens, temperature, None, None, timeout_s,
-                extra_body,
+                extra_body, feature, thinking,
             )  # fmt: skip
-            deadline = time.monotonic() + req.timeout
-            key = (self._endpoint.base_url, req.model)
-            learned = False
-            if key not in self._json_object_only:
-                fmt = {"name": name, "schema": dict(schema), "strict": True}
-                req.kwargs["response_format"] = {"type": "json_schema", "json_schema": fmt}
+            deadline = req.deadline
+            base = dict(req.kwargs)
+            rungs = [
+                ("json_schema_rejected", {"type": "json_schema", "json_schema": {
+                    "name": name, "schema": dict(schema), "strict": True}}, False),
+                ("json_object_rejected", {"type": "json_object"}, True),
+                (None, None, True),
+            ]  # fmt: skip
+            quirks = self.quirks()
+            last: ModelUnavailable | None = None
+            pending: list[str] = []
+            for quirk, fmt, in_prompt in rungs:
+                if quirk is not None and quirk in quirks:
+                    continue
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise unavailable("timeout", detail=f"{req.timeout:g}s")
+                kwargs = without_response_format(base)
+                if in_prompt:
+                    kwargs["messages"] = with_schema_instruction(base["messages"], schema)
+                if fmt is not None:
+                    kwargs["response_format"] = fmt
+                rung = _Request(model=req.model, timeout=remaining, kwargs=kwargs)
                 try:
-                    done = await self._run(call, req, self._complete_once)
-                    return parse_json_reply(done.text)
+                    done = await self._run(call, rung, self._complete_once)
                 except ModelUnavailable as exc:
-                    if reason_of(exc) not in _SCHEMA_REJECTED:
+                    reason = reason_of(exc)
+                    if quirk is None or reason not in _SCHEMA_REJECTED:
                         raise
-                    self._json_object_only.add(key)
-                    learned = True
-                    log.info(
-                        "model_json_schema_rejected",
-                        reason=reason_of(exc),
-                        model=req.model,
-                        endpoint=safe_url(self._endpoint.base_url),
-                    )
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise unavailable("timeout")
-            req.timeout = remaining
-            req.kwargs["messages"] = with_schema_instruction(messages, schema)
-            req.kwargs["response_format"] = {"type": "json_object"}
-            try:
-                done = await self._run(call, req, self._complete_once)
-            except ModelUnavailable as exc:
-                if learned and reason_of(exc).startswith("http_"):
-                    # json_object failed the same way: the rejection was not about json_schema.
-                    self._json_object_only.discard(key)
-                raise
-            return parse_json_reply(done.text)
+                    if last is not None and reason_of(last) == reason:
+                        # the next rung failed the same way: the server is failing, not
+                        # refusing a format; nothing is learned
+                        self._unlearn(pending)
+                        raise
+                    self._learn(quirk)
+                    pending.append(quirk)
+                    last = exc
+                    continue
+                return parse_json_reply(done.text)
+            assert last is not None
+            raise last
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -319,6 +386,8 @@ class ModelClient:
         tool_choice: str | Mapping[str, Any] | None,
         timeout_s: float | None,
         extra_body: Mapping[str, Any] | None,
+        feature: str,
+        thinking: bool | None,
     ) -> _Request:
         ep = self._endpoint
         if not ep.configured:
@@ -331,18 +400,15 @@ class ModelClient:
         name = model or (ep.fast_model if fast and ep.fast_model else ep.model)
         assert name is not None  # configured implies a model
         call.model = name
-        kwargs: dict[str, Any] = {"model": name, "messages": list(messages)}
-        if max_tokens is not None:
-            kwargs["max_tokens"] = max_tokens
-        if temperature is not None:
-            kwargs["temperature"] = temperature
-        if tools:
-            kwargs["tools"] = list(tools)
-        if tool_choice is not None:
-            kwargs["tool_choice"] = tool_choice
-        if extra_body:
-            kwargs["extra_body"] = dict(extra_body)
-        timeout = ep.timeout_s if timeout_s is None else timeout_s
+        try:
+            kwargs = build_payload(
+                model=name, messages=messages, feature=feature, window=self.context_window,
+                profile=ep.profile, max_tokens=max_tokens, temperature=temperature,
+                tools=tools, tool_choice=tool_choice, thinking=thinking, extra_body=extra_body,
+            )  # fmt: skip
+        except PromptTooLong as exc:
+            raise unavailable("prompt_too_long", detail=str(exc)) from None
+        timeout = self.deadline(feature) if timeout_s is None else timeout_s
         if timeout <= 0:
             raise ValueError("timeout_s must be > 0")
         return _Request(model=name, timeout=timeout, kwargs=kwargs)
@@ -402,7 +468,11 @@ class ModelClient:
             call.error_type = type(exc).__name__
             raise mapped from None
         try:
-            with anyio.fail_after(req.timeout):
+            remaining = req.deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError
+            req.timeout = remaining
+            with anyio.fail_after(remaining):
                 return await body(slot.client, req)
         except ModelUnavailable:
             raise

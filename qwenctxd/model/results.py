@@ -31,6 +31,7 @@ __all__ = [
     "url_problem",
     "usage_dict",
     "with_schema_instruction",
+    "without_response_format",
 ]
 
 Message = Mapping[str, Any]
@@ -42,6 +43,7 @@ _MESSAGES: dict[str, str] = {
     "invalid_json": "Model endpoint returned a reply that is not valid JSON",
     "stream_cut": "Model endpoint closed the stream before it finished",
     "empty": "Model endpoint returned an empty reply",
+    "prompt_too_long": "The prompt leaves no room for an answer in the model's context window",
     "api_error": "Model endpoint reported an error",
 }
 _THINK = re.compile(r"^\s*<think>.*?</think>\s*", re.DOTALL)
@@ -147,6 +149,11 @@ def with_schema_instruction(
                 msg["content"] = f"{content}\n\n{note}" if content else note
             return out
     return [{"role": "system", "content": note}, *out]
+
+
+def without_response_format(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of request ``kwargs`` without ``response_format``."""
+    return {k: v for k, v in kwargs.items() if k != "response_format"}
 
 
 def dump_model(obj: Any) -> dict[str, Any]:

@@ -57,6 +57,16 @@ class InFlightTask(msgspec.Struct, kw_only=True):
     description: str = ""
 
 
+class FailedTask(msgspec.Struct, kw_only=True):
+    """A background run that failed, with its cause (a model error reason, ``timeout``…)."""
+
+    id: int
+    kind: str
+    project: str | None
+    cause: str | None
+    finished_at: float | None
+
+
 class BackgroundStatus(msgspec.Struct, kw_only=True):
     in_flight: list[InFlightTask]
     queued: int
@@ -65,6 +75,8 @@ class BackgroundStatus(msgspec.Struct, kw_only=True):
     completed: int = 0
     failed: int = 0
     cancelled: int = 0
+    failed_by_kind: dict[str, int] = msgspec.field(default_factory=dict)
+    recent_failures: list[FailedTask] = msgspec.field(default_factory=list)
 
 
 class ConfigStatus(msgspec.Struct, kw_only=True):

@@ -416,6 +416,12 @@ class Daemon:
                 completed=tasks.counts["completed"],
                 failed=tasks.counts["failed"],
                 cancelled=tasks.counts["cancelled"],
+                failed_by_kind=dict(tasks.failed_by_kind),
+                recent_failures=[
+                    wire.FailedTask(id=r.id, kind=r.kind, project=r.project, cause=r.error,
+                                    finished_at=r.finished_at)
+                    for r in tasks.recent_failures
+                ],
             ),
             rss_bytes=rss_bytes(),
             state=self.state,

@@ -323,6 +323,15 @@ class TurnPipeline:
             saved = self._micro(s, events, trigger="force", keep=max(1, min(keep, 2)),
                                 strip_reasoning=True)
             events.append({"type": "hard_fallback", "tokens_saved": saved})
+        elif result.status not in ("compressed", "noop"):
+            # the summary failed (its deadline passed, the endpoint failed, the output was
+            # unusable): the turn goes on with micro-compaction instead, and says so
+            cause = next((e.get("cause") for e in result.events
+                          if e.get("type") == "compression_failed"), None)
+            keep = self._settings(s).context.clear_context_on_idle.tool_results_num_to_keep
+            saved = self._micro(s, events, trigger="force", keep=keep)
+            events.append({"type": "compression_fallback", "fallback": "micro_compaction",
+                           "status": result.status, "cause": cause, "tokens_saved": saved})
 
     async def compress(self, s: Session, *, trigger: str, focus: str | None, sys_tok: int,
                        reason: str, forced: bool) -> wire.CompressResult:
@@ -368,9 +377,9 @@ class TurnPipeline:
             s.breaker.record(False)
             after = before_total
             events.append({"type": "compression_failed", "status": result.status,
-                           "trigger": trigger, "reason": reason})
+                           "trigger": trigger, "reason": reason, "cause": result.error})
         log.info("compression", session=s.id, status=result.status, trigger=trigger,
-                 reason=reason, before=before_total, after=after)
+                 reason=reason, cause=result.error, before=before_total, after=after)
         return wire.CompressResult(status=result.status, tokens_before=before_total,
                                    tokens_after=after, events=events)
 

@@ -5,6 +5,12 @@ flushes, watchers' refreshes) submits its job here. ``daemon.status`` lists what
 and queued; ``daemon.drain`` waits until both are empty; shutdown cancels what is left after
 the drain deadline. Jobs with a ``key`` coalesce: at most one runs and one waits per key, and a
 newer submission replaces the waiting one (the "one running + one queued" rule).
+
+A job fails when it raises *or* when it returns a result whose ``status`` is ``"failed"`` (the
+agents report a model error or a missed deadline that way instead of raising): it is counted
+as failed, its cause (the result's ``reason``, or the exception's type) is kept in
+``recent_failures`` for ``daemon.status``, and ``last_finished`` (``last_extract_at``,
+``last_dream_at``) moves only for completed jobs.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from __future__ import annotations
 import enum
 import itertools
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,6 +30,15 @@ from anyio.abc import TaskGroup
 log = structlog.get_logger("qwenctxd.tasks")
 
 JobFn = Callable[[], Awaitable[Any]]
+RECENT_FAILURES = 10
+
+
+def failure_cause(result: Any) -> str | None:
+    """The cause when a job's returned ``result`` reports a failure (``status == "failed"``)."""
+    if getattr(result, "status", None) != "failed":
+        return None
+    reason = getattr(result, "reason", None) or getattr(result, "error", None)
+    return str(reason) if reason else "failed"
 
 
 class TaskOutcome(enum.Enum):
@@ -72,6 +88,8 @@ class TaskRegistry:
         self._idle.set()
         self._last_finished: dict[str, float] = {}
         self.counts = {o.value: 0 for o in TaskOutcome}
+        self.failed_by_kind: dict[str, int] = {}
+        self.recent_failures: deque[TaskRecord] = deque(maxlen=RECENT_FAILURES)
         self._listeners: list[Callable[[TaskRecord], None]] = []
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -139,6 +157,12 @@ class TaskRegistry:
                 scope.cancel()
             try:
                 rec.result = await fn()
+                cause = failure_cause(rec.result)
+                if cause is not None:
+                    outcome = TaskOutcome.FAILED
+                    rec.error = cause
+                    log.warning("background job failed", kind=rec.kind, task_id=rec.id,
+                                cause=cause)
             except anyio.get_cancelled_exc_class():
                 outcome = TaskOutcome.CANCELLED
                 raise
@@ -179,6 +203,9 @@ class TaskRegistry:
         self.counts[outcome.value] += 1
         if outcome is TaskOutcome.COMPLETED:
             self._last_finished[rec.kind] = rec.finished_at
+        elif outcome is TaskOutcome.FAILED:
+            self.failed_by_kind[rec.kind] = self.failed_by_kind.get(rec.kind, 0) + 1
+            self.recent_failures.append(rec)
         rec.done.set()
         self._notify(rec)
         if not self._running and self.queued == 0:

@@ -5,13 +5,25 @@ conversations that break the turn structure: two user turns in a row, a system m
 middle, a tool result nobody asked for, or a tool call that is never answered. Tests use
 :func:`validate_chat_body` directly, and ``ScriptedOpenAI(strict_chat=True)`` uses it to answer
 HTTP 400 so a daemon bug that builds such a conversation fails loudly.
+
+:func:`validate_payload` checks what real servers reject about the *payload* rather than the
+conversation (reference/real-endpoints.md): ``"content": null`` (llama.cpp: HTTP 500), tools
+without ``tool_choice`` (llama.cpp hides them), a missing ``max_tokens`` (a tiny model rambles to
+the whole context) and prompt + ``max_tokens`` over the context window (vLLM: HTTP 400). The
+scripted server applies it by default (``ScriptedOpenAI(strict_payload=True)``).
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
-__all__ = ["validate_chat_body"]
+from qwenctxd.tokens import estimate_tokens
+
+__all__ = ["DEFAULT_STUB_CONTEXT", "validate_chat_body", "validate_payload"]
+
+#: the context window the scripted server assumes (the daemon's own default window)
+DEFAULT_STUB_CONTEXT = 131_072
 
 _ROLES = ("system", "user", "assistant", "tool")
 
@@ -145,4 +157,39 @@ def validate_chat_body(body: Any) -> list[str]:
         problems.append(
             f"tool call(s) {sorted(pending)} from messages[{owner}] are never answered by a tool message"
         )
+    return problems
+
+
+def validate_payload(body: Any, *, context_window: int = DEFAULT_STUB_CONTEXT) -> list[str]:
+    """What a real server rejects about ``body`` beyond the conversation's structure.
+
+    The prompt is estimated as the daemon's token estimator counts the JSON of messages and
+    tools (without the daemon's safety factor, so a correctly sized request always passes).
+    """
+    if not isinstance(body, dict):
+        return ["body must be a JSON object"]
+    problems: list[str] = []
+    messages = body.get("messages")
+    for i, msg in enumerate(messages if isinstance(messages, list) else []):
+        if isinstance(msg, dict) and "content" in msg and msg["content"] is None:
+            problems.append(f"messages[{i}]: content is null (send \"\" instead)")
+        elif isinstance(msg, dict) and msg.get("role") == "assistant" and "content" not in msg:
+            problems.append(f"messages[{i}]: assistant message without a content key")
+    if body.get("tools") and body.get("tool_choice") is None:
+        problems.append("tools sent without tool_choice")
+    limit = body.get("max_tokens", body.get("max_completion_tokens"))
+    if limit is None:
+        problems.append("max_tokens is missing")
+    elif not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+        problems.append("max_tokens must be a positive integer")
+    else:
+        text = json.dumps(messages if isinstance(messages, list) else [], ensure_ascii=False)
+        if body.get("tools"):
+            text += json.dumps(body["tools"], ensure_ascii=False)
+        prompt = estimate_tokens(text)
+        if prompt + limit > context_window:
+            problems.append(
+                f"prompt (~{prompt} tokens) + max_tokens ({limit}) exceeds the context window "
+                f"({context_window})"
+            )
     return problems

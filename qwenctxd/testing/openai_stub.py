@@ -9,7 +9,13 @@ script line shows up as a test failure. Each ``Reply`` can inject a fault (HTTP 
 answer, a cut stream, a non-JSON body, a dropped connection, a json_schema rejection).
 
 Every request is recorded (``server.requests``). With ``strict_chat=True`` chat bodies are
-checked by :func:`validate_chat_body` and rejected with HTTP 400 when malformed.
+checked by :func:`validate_chat_body` and rejected with HTTP 400 when malformed. By default
+(``strict_payload=None``) the server also rejects, for every request the daemon's model client
+sent (it names its feature in the ``X-Qwenctxd-Feature`` header; ``True``: every request,
+``False``: none), with HTTP 400, what real servers reject about
+a payload (:func:`~qwenctxd.testing.chat_validation.validate_payload`: null content, tools
+without ``tool_choice``, a missing ``max_tokens`` or one that does not fit ``context_window``),
+so a regression in the daemon's request builder fails the fast suite; ``rejected`` lists them.
 
 Non-streamed replies use ``Content-Length`` and keep the connection alive; streamed replies
 use chunked transfer encoding (SSE) and keep it alive too unless the stream is cut.
@@ -31,7 +37,11 @@ from typing import Any, Self, cast
 
 import structlog
 
-from qwenctxd.testing.chat_validation import validate_chat_body
+from qwenctxd.testing.chat_validation import (
+    DEFAULT_STUB_CONTEXT,
+    validate_chat_body,
+    validate_payload,
+)
 from qwenctxd.testing.openai_replies import (
     SLOW_DEFAULT_S,
     Fault,
@@ -110,12 +120,17 @@ class ScriptedOpenAI:
         handler: ReplyHandler | None = None,
         strict_chat: bool = False,
         reject_json_schema: bool = False,
+        strict_payload: bool | None = None,
+        context_window: int = DEFAULT_STUB_CONTEXT,
     ) -> None:
         self.models: tuple[str, ...] = tuple(models)
         self.default = default
         self.handler = handler
         self.strict_chat = strict_chat
         self.reject_json_schema = reject_json_schema
+        self.strict_payload = strict_payload
+        self.context_window = context_window
+        self._rejected: list[tuple[dict[str, Any], list[str]]] = []
         self._script: deque[Reply] = deque()
         self._requests: list[RecordedRequest] = []
         self._cond = threading.Condition()
@@ -220,6 +235,16 @@ class ScriptedOpenAI:
             if not self._cond.wait_for(lambda: len(self._requests) >= n, timeout):
                 raise TimeoutError(f"expected {n} requests, got {len(self._requests)}")
             return list(self._requests)
+
+    @property
+    def rejected(self) -> list[tuple[dict[str, Any], list[str]]]:
+        """``(body, problems)`` of every request refused by the strict payload check."""
+        with self._cond:
+            return list(self._rejected)
+
+    def _reject_payload(self, body: dict[str, Any], problems: list[str]) -> None:
+        with self._cond:
+            self._rejected.append((body, problems))
 
     def clear_requests(self) -> None:
         with self._cond:
@@ -371,6 +396,17 @@ class _Handler(BaseHTTPRequestHandler):
             problems = validate_chat_body(body)
             if problems:
                 msg = "invalid chat request: " + "; ".join(problems)
+                self._send_json(400, error_body(msg, "invalid_request_error"))
+                return
+        strict = stub.strict_payload
+        if strict is None:
+            strict = "x-qwenctxd-feature" in {k.lower() for k in self.headers}
+        if strict:
+            problems = validate_payload(body, context_window=stub.context_window)
+            if problems:
+                stub._reject_payload(body, problems)
+                log.warning("openai_stub_payload_rejected", problems=problems)
+                msg = "request rejected as a real server would: " + "; ".join(problems)
                 self._send_json(400, error_body(msg, "invalid_request_error"))
                 return
         if stub.reject_json_schema and uses_json_schema(body):

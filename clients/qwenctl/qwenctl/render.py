@@ -79,6 +79,9 @@ def status(st: dict[str, Any]) -> None:
         ("last extract", ago(bg.get("last_extract_at"))),
         ("last dream", ago(bg.get("last_dream_at"))),
         ("model", _model_line(model)),
+        *([("endpoint quirks", ", ".join(model["quirks"]))] if model.get("quirks") else []),
+        *([("last failure", "{kind}: {cause}".format(**bg["recent_failures"][-1]))]
+          if bg.get("recent_failures") else []),
         ("config", f"generation {cfg.get('generation', 0)}, {len(cfg.get('files', []))} files"
                    + (f"; last error: {cfg['last_error']}" if cfg.get("last_error") else "")),
         ("watches", f"{st.get('inotify_watches', 0)} inotify watches"),
