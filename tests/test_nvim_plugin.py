@@ -155,6 +155,9 @@ SCENARIO = r"""
       r.session_id = p.session_id
       r.level = p.usage.level
       r.last_text = last.content[#last.content].text
+      local texts = {}
+      for _, part in ipairs(last.content) do texts[#texts + 1] = part.text or "" end
+      r.joined = table.concat(texts, "\n")
       r.reencoded = vim.json.decode(vim.json.encode(p)).session_id == p.session_id
     end
     return r
@@ -271,7 +274,10 @@ def test_assemble_commands_and_reconnect_after_restart(
     trace = r["trace"]
     assert trace[0].startswith("lost: ") and "retry session.turn" in trace, trace
     assert second["marker"] and second["last_text"] == "hello again"
-    assert second["messages"] > first["messages"]
+    # no model reply was recorded in between, so the turn merged into the unanswered one
+    # (user_turn_merged): still one user message, now carrying all three texts
+    assert second["messages"] == first["messages"] == 1
+    assert all(t in second["joined"] for t in ("first", "hello", "hello again")), second
     assert second["reencoded"]
 
     assert r["command_errors"] == [], r["command_errors"]
