@@ -123,7 +123,7 @@ def register(daemon: Daemon) -> None:
         return wire.DreamScheduledResult(
             scheduled=False, reason=reason, skipped_reason=reason,
             retry_at=daemon.background.dreamer.retry_at(roots, reason),
-            force_skips=reason in FORCE_SKIPS)
+            force_skips=(reason in FORCE_SKIPS) or None)
 
     for spec in (
         MethodSpec("memory.dream", wire.DreamParams, dream),
