@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 
 from qwenctl import (
+    compress_cmds,
     context_cmds,
     instructions_cmds,
     logs_cmds,
@@ -147,6 +148,7 @@ COMMANDS: dict[str, Callable[[Ctx], int]] = {
     "skills": skills_cmds.cmd_skills,
     "memory": memory_cmds.cmd_memory,
     "context": context_cmds.cmd_context,
+    "compress": compress_cmds.cmd_compress,
     "logs": logs_cmds.cmd_logs,
     "methods": rpc_cmds.cmd_methods,
     "call": rpc_cmds.cmd_call,
@@ -198,6 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
     skills_cmds.add_parser(sub, common)
     memory_cmds.add_parser(sub, common)
     context_cmds.add_parser(sub, common)
+    compress_cmds.add_parser(sub, common)
     rpc_cmds.add_parser(sub, common)
     logs_cmds.add_parser(sub, common)
     return p
