@@ -17,6 +17,7 @@ import msgspec
 from qwenctl import (
     compress_cmds,
     context_cmds,
+    doctor_cmds,
     instructions_cmds,
     logs_cmds,
     memory_cmds,
@@ -149,6 +150,7 @@ COMMANDS: dict[str, Callable[[Ctx], int]] = {
     "memory": memory_cmds.cmd_memory,
     "context": context_cmds.cmd_context,
     "compress": compress_cmds.cmd_compress,
+    "doctor": doctor_cmds.cmd_doctor,
     "logs": logs_cmds.cmd_logs,
     "methods": rpc_cmds.cmd_methods,
     "call": rpc_cmds.cmd_call,
@@ -201,6 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
     memory_cmds.add_parser(sub, common)
     context_cmds.add_parser(sub, common)
     compress_cmds.add_parser(sub, common)
+    doctor_cmds.add_parser(sub, common)
     rpc_cmds.add_parser(sub, common)
     logs_cmds.add_parser(sub, common)
     return p
