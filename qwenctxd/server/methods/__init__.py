@@ -19,6 +19,7 @@ def register_all(daemon: Daemon) -> None:
         skill_review_methods,
         skills_methods,
         speculation_methods,
+        transcript_methods,
     )
 
     daemon_methods.register(daemon)
@@ -29,6 +30,7 @@ def register_all(daemon: Daemon) -> None:
     memory_methods.register(daemon)
     model_methods.register(daemon)
     speculation_methods.register(daemon)
+    transcript_methods.register(daemon)
     if os.environ.get("QWENCTXD_DEBUG_METHODS") == "1":
         from qwenctxd.server.methods import debug_methods
 
