@@ -236,8 +236,10 @@ def test_tree_missing_file_keeps_text(root: Path) -> None:
     write(root / "f.md", "F")
     text = "ping @alice about it, @./nope.md, and @./f.md/sub"
     res = run(root, text)
-    assert res.text == text
-    assert res.problems == [] and res.imports == []
+    assert res.text == text and res.imports == []
+    # a missing path-like target is a problem (a mistyped @import); a mention is not
+    assert [(p.target, p.kind) for p in res.problems] == [("./nope.md,", "missing"),
+                                                          ("./f.md/sub", "missing")]
 
 
 def test_email_is_not_an_import(root: Path) -> None:
@@ -347,7 +349,7 @@ def test_flat_lists_each_file_once_in_first_encounter_order(root: Path) -> None:
         ]
     )
     assert res.imports == [root / n for n in ("a.md", "b.md", "d.md", "c.md")]
-    assert kinds(res) == ["traversal"]
+    assert sorted(kinds(res)) == ["missing", "traversal"]  # missing: c.md's @./nope.md
 
 
 def test_flat_paths_relative_to_root_with_subdirs(root: Path) -> None:

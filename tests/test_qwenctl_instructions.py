@@ -81,7 +81,8 @@ def test_prompt_summary_on_stderr(tree) -> None:  # type: ignore[no-untyped-def]
     r = qwenctl(d, "prompt", "--cwd", str(sub))
     assert r.returncode == 0, r.stderr
     lines = r.stderr.splitlines()
-    assert lines[0] == "system prompt for ~/repo/sub (project root ~/repo)"
+    assert lines[0] == ("system prompt for ~/repo/sub (project root ~/repo; paths below "
+                        "are relative to it)")
     rows = {ln.split()[0]: ln.split()[1:] for ln in lines if ln.startswith("  ") and ln.split()}
     for s in direct["sections"]:
         assert rows[s["name"]] == [str(s["chars"]), str(s["est_tokens"])]
@@ -90,10 +91,10 @@ def test_prompt_summary_on_stderr(tree) -> None:  # type: ignore[no-untyped-def]
                              str(sum(s["est_tokens"] for s in direct["sections"]))]
     assert int(rows["total"][0]) == len(direct["text"])
     files = [ln.split() for ln in lines if ln.split()[:1] in (["user"], ["project"])]
-    assert files == [["user", "~/.qwen/QWEN.md"], ["project", "~/repo/QWEN.md"],
-                     ["project", "AGENTS.md"]]
+    assert files == [["user", "~/.qwen/QWEN.md"], ["project", "QWEN.md"],
+                     ["project", "sub/AGENTS.md"]]
     assert f"prefix hash: {direct['prefix_hash'][:16]}" in lines
-    assert any(ln.split()[:2] == ["too_large", "AGENTS.md"] for ln in lines)
+    assert any(ln.split()[:2] == ["too_large", "sub/AGENTS.md"] for ln in lines)
     # nothing of the summary leaks into stdout
     assert "prefix hash" not in r.stdout
 
@@ -149,21 +150,25 @@ def test_instructions_human(tree) -> None:  # type: ignore[no-untyped-def]
     r = qwenctl(d, "instructions", "--cwd", str(repo / "sub"))
     assert r.returncode == 0, r.stderr  # problems are information, not a failure
     lines = r.stdout.splitlines()
-    assert lines[0] == "instructions for ~/repo/sub (project root ~/repo)"
+    # from a subdirectory every project path is relative to the project root (never a mix of
+    # cwd-relative and absolute ones)
+    assert lines[0] == ("instructions for ~/repo/sub (project root ~/repo; paths below are "
+                        "relative to it)")
     assert lines[1] == "files (load order)"
     paths = [ln.split()[2] for ln in lines if re.match(r"\s+\d+\s", ln)]
-    assert paths == ["~/.qwen/QWEN.md", "~/repo/QWEN.md", "AGENTS.md"]
-    i = next(n for n, ln in enumerate(lines) if "~/repo/QWEN.md" in ln and "imports" not in ln)
-    assert lines[i + 1].split() == ["imports", "~/repo/docs/extra.md"]
-    assert lines[i + 1].index("imports") > lines[i].index("~/repo/QWEN.md")  # indented under it
-    agents = next(ln for ln in lines if ln.split()[2:3] == ["AGENTS.md"])
+    assert paths == ["~/.qwen/QWEN.md", "QWEN.md", "sub/AGENTS.md"]
+    i = next(n for n, ln in enumerate(lines) if ln.split()[2:3] == ["QWEN.md"])
+    assert lines[i + 1].split() == ["imports", "docs/extra.md"]
+    assert lines[i + 1].index("imports") > lines[i].index("QWEN.md")  # indented under it
+    agents = next(ln for ln in lines if ln.split()[2:3] == ["sub/AGENTS.md"])
     assert "KiB" in agents and "truncated" in agents
     rules = lines.index("rules")
-    assert lines[rules + 2].split()[:2] == ["baseline", "~/repo/.qwen/rules/style.md"]
+    assert lines[rules + 2].split()[:2] == ["baseline", ".qwen/rules/style.md"]
     cond = lines[rules + 3].split()
-    assert cond[:2] == ["conditional", "~/repo/.qwen/rules/ts.md"] and cond[-1] == "src/**/*.ts"
+    assert cond[:2] == ["conditional", ".qwen/rules/ts.md"] and cond[-1] == "src/**/*.ts"
+    assert not any("~/repo/" in ln for ln in lines[1:])
     problems = lines.index("problems")
-    assert lines[problems + 2].split()[:2] == ["too_large", "AGENTS.md"]
+    assert lines[problems + 2].split()[:2] == ["too_large", "sub/AGENTS.md"]
     assert "over the 65536-byte cap" in lines[problems + 2]
 
 
@@ -173,7 +178,8 @@ def test_instructions_relative_to_cwd_and_no_problems(tree) -> None:  # type: ig
     r = qwenctl(d, "instructions", cwd=repo)  # --cwd defaults to the current directory
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
-    assert lines[0] == "instructions for ~/repo (project root ~/repo)"
+    assert lines[0] == ("instructions for ~/repo (project root ~/repo; paths below are "
+                        "relative to it)")
     assert [ln.split()[2] for ln in lines if re.match(r"\s+\d+\s", ln)] == \
         ["~/.qwen/QWEN.md", "QWEN.md"]
     assert any(ln.split() == ["imports", "docs/extra.md"] for ln in lines)

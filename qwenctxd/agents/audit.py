@@ -133,12 +133,18 @@ class AuditLog:
                 continue  # a torn last line after a crash
         return out[-limit:] if limit else out
 
-    def undo(self, entry_id: str, *, agent: str = "user") -> AuditEntry:
-        """Restore the content before ``entry_id`` (delete a created file). KeyError if unknown;
-        ValueError if the file changed since (its hash differs from the entry's after-hash)."""
+    def find(self, entry_id: str) -> AuditEntry:
+        """The entry ``entry_id``; KeyError if there is none."""
         entry = next((e for e in self.entries() if e.id == entry_id), None)
         if entry is None:
             raise KeyError(entry_id)
+        return entry
+
+    def undo(self, entry_id: str, *, agent: str = "user") -> AuditEntry:
+        """Restore the content before ``entry_id`` (delete a created file). KeyError if unknown;
+        ValueError if the file changed since (its hash differs from the entry's after-hash).
+        Returns the change the undo made (a ``delete`` when it undoes a ``create``)."""
+        entry = self.find(entry_id)
         path = Path(entry.path)
         current = _read(path)
         if entry.action != "delete" and sha256(current) != entry.sha256_after:
@@ -158,3 +164,18 @@ class AuditLog:
 
     def as_dicts(self, limit: int | None = None) -> list[dict[str, Any]]:
         return [msgspec.to_builtins(e) for e in self.entries(limit)]
+
+
+def undo_wording(undone: AuditEntry | dict[str, Any]) -> str:
+    """What undoing ``undone`` did, for people: "removed it: the extraction agent had created
+    it", never the mechanics of the reverse change ("undid a delete")."""
+    d = undone if isinstance(undone, dict) else msgspec.to_builtins(undone)
+    who = f"the {d.get('agent') or 'background'} agent"
+    action = d.get("action")
+    if action == "create":
+        return f"removed the file {who} had created"
+    if action == "edit":
+        return f"put back its content from before {who}'s edit"
+    if action == "delete":
+        return f"brought back the file {who} had deleted"
+    return f"reverted entry {d.get('id')}"

@@ -337,6 +337,19 @@ class Dreamer:
                 "release_failed": lock.release_failed,
                 "last": last.to_dict() if last is not None else None}
 
+    def retry_at(self, roots: MemoryRoots, reason: str | None) -> float | None:
+        """When a dream skipped for ``reason`` may pass that gate again (POSIX time): the next
+        session scan for ``scan_throttled``, ``min_hours`` after the last dream for
+        ``min_hours``; None for the other reasons (no time makes them pass)."""
+        if reason == "scan_throttled":
+            last = self._last_scan.get(self._key(roots))
+            return None if last is None else last + self.scan_interval_s
+        if reason == "min_hours":
+            meta = store.read_meta(roots.state) if roots.state is not None else {}
+            last = last_dream_ts(meta)
+            return None if last is None else last + self.min_hours * 3600.0
+        return None
+
     # -- gates ------------------------------------------------------------------------------------
     def gate(self, *, roots: MemoryRoots, project_key: str | os.PathLike[str],
              session_id: str | None, enabled: bool, memory_pressure: bool = False,

@@ -32,6 +32,7 @@ from qwenctxd.config.schema import (
     DaemonSettings,
     ModelEndpoint,
     ModelSettings,
+    SessionsSettings,
     Settings,
 )
 from qwenctxd.fsutil import read_regular
@@ -58,9 +59,10 @@ def _encode_names(cls: type[msgspec.Struct]) -> frozenset[str]:
 #: Top-level keys of Qwen Code's settings.json that the daemon reads; the rest are ignored.
 SETTINGS_JSON_KEYS = frozenset({"context", "memory", "skills", "model", "fastModel", "hooks"})
 #: config.toml: tables allowed at the top level, and the top-level scalars.
-TOML_TABLES = ("daemon", "model", "context", "memory", "skills")
+TOML_TABLES = ("daemon", "model", "context", "memory", "skills", "sessions")
 TOML_SCALARS = frozenset({"fastModel"})
 _DAEMON_KEYS = _encode_names(DaemonSettings)
+_SESSIONS_KEYS = _encode_names(SessionsSettings)
 _ENDPOINT_KEYS = _encode_names(ModelEndpoint)
 _MODEL_SETTINGS_KEYS = _encode_names(ModelSettings)
 _SECTION_TYPES: dict[str, Any] = {f.encode_name: f.type for f in msgspec.structs.fields(Settings)}
@@ -243,6 +245,11 @@ def read_config_toml(path: Path) -> Layer:
             if bad:
                 raise ConfigError(file, f"daemon.{bad[0]}", "unknown key")
             data["daemon"] = value
+        elif key == "sessions":
+            bad = sorted(set(value) - _SESSIONS_KEYS)
+            if bad:
+                raise ConfigError(file, f"sessions.{bad[0]}", "unknown key")
+            data["sessions"] = value
         elif key == "model":
             bad = sorted(set(value) - _ENDPOINT_KEYS - _MODEL_SETTINGS_KEYS)
             if bad:

@@ -129,6 +129,11 @@ class ConfigStore:
         out.extend(p.file for p in self._projects.values() if p.layer.present)
         return out
 
+    def global_layers(self) -> list[Layer]:
+        """The global layers in precedence order, lowest first (user settings.json,
+        config.toml, environment): where ``qwenctxd.config.sources`` looks a key up."""
+        return [self._user, self._toml, self._env]
+
     def load_global(self) -> Settings:
         """Read defaults + user settings + config.toml + environment; ConfigError if invalid."""
         env = env_layer(self._env_mapping())

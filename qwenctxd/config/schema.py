@@ -134,6 +134,13 @@ class DaemonSettings(msgspec.Struct, kw_only=True):
     uvloop: bool = True
 
 
+class SessionsSettings(msgspec.Struct, kw_only=True):
+    """Daemon-only keys (config.toml ``[sessions]``)."""
+
+    # an open session with no activity for this long is closed (resumable); 0 = never
+    idle_close_minutes: Annotated[float, Meta(ge=0)] = 120.0
+
+
 class Settings(msgspec.Struct, kw_only=True, rename={"fast_model": "fastModel"}):
     """The merged view the daemon reads. Unknown top-level keys are ignored."""
 
@@ -145,6 +152,7 @@ class Settings(msgspec.Struct, kw_only=True, rename={"fast_model": "fastModel"})
     # Qwen Code / Claude Code style hooks: {"PreCompact": [{"matcher"?, "hooks": [...]}], ...}
     hooks: dict[str, list[dict[str, object]]] = msgspec.field(default_factory=dict)
     daemon: DaemonSettings = msgspec.field(default_factory=DaemonSettings)
+    sessions: SessionsSettings = msgspec.field(default_factory=SessionsSettings)
     model_endpoint: ModelEndpoint = msgspec.field(default_factory=ModelEndpoint)
 
     def endpoint(self) -> ModelEndpoint:

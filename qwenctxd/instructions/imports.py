@@ -54,7 +54,7 @@ _md: MarkdownIt | None = None
 class ImportProblem:
     file: str  # absolute path of the file containing the @import
     target: str  # the @path as written
-    kind: str  # "traversal" | "url" | "cycle" | "depth" | "unreadable" | "too_large"
+    kind: str  # "traversal" | "url" | "cycle" | "depth" | "unreadable" | "too_large" | "missing"
     message: str
 
 
@@ -216,6 +216,15 @@ class _Unreadable(Exception):
         self.reason = reason
 
 
+_PATH_SUFFIXES = (".md", ".markdown", ".mdx", ".txt", ".rst")
+
+
+def looks_like_path(target: str) -> bool:
+    """``@target`` names a file (has a directory part or a text-file suffix), as opposed to a
+    mention like ``@alice`` or ``@types``."""
+    return "/" in target or target.lower().endswith(_PATH_SUFFIXES)
+
+
 def _utf8_boundary(data: bytes, cap: int) -> int:
     k = min(cap, len(data))
     while 0 < k < len(data) and (data[k] & 0xC0) == 0x80:
@@ -246,6 +255,12 @@ class _Ctx:
         self.seen_problems.add(key)
         self.problems.append(ImportProblem(file, target, kind, message))
         log.warning("import_problem", kind=kind, file=file, target=target, detail=message)
+
+    def missing(self, file: str, target: str) -> None:
+        """A missing target that looks like a path (not ``@someone`` in prose): a problem, so a
+        mistyped ``@import`` does not pass silently; the text stays as written."""
+        if looks_like_path(target):
+            self.problem(file, target, "missing", f"@{target}: no such file")
 
     def imported(self, path: str) -> None:
         if path not in self.seen_imports:
@@ -342,7 +357,8 @@ def _tree(ctx: _Ctx, text: str, base_dir: str, file: str, chain: frozenset[str],
             ctx.problem(file, target, "unreadable", exc.reason)
             out.append(f"<!-- Import failed: {target} - {exc.reason} -->")
             continue
-        if body is None:  # missing: probably prose that mentions @something
+        if body is None:  # missing: prose that mentions @something, or a mistyped path
+            ctx.missing(file, target)
             out.append(text[start:end])
             continue
         ctx.imported(lexical)
@@ -388,6 +404,7 @@ def _flat(ctx: _Ctx, content: str, base_dir: str, file: str, root_real: str | No
                     ctx.problem(label, target, "unreadable", exc.reason)
                     continue
                 if body is None:
+                    ctx.missing(label, target)
                     continue
                 nodes[child] = (lexical, os.path.dirname(lexical), body, lexical)
                 order.append(child)

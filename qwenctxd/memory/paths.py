@@ -14,6 +14,8 @@ reference/`` plus a ``MEMORY.md`` index.
 :func:`scope_of` classifies a path by where its bytes would actually land: a leaf symlink is
 followed (even when dangling) and the nearest existing ancestor is realpath-ed, on both the
 path and the roots, so a decoy link pointing into team memory is classified as team.
+:func:`escaped_scope` catches the reverse: a path that names a memory root but whose bytes
+would land outside it (a topic directory that is a symlink out of the tree).
 """
 
 from __future__ import annotations
@@ -210,4 +212,23 @@ def scope_of(path: str | os.PathLike[str], roots: MemoryRoots) -> Scope | None:
     for scope, root in candidates:
         if root is not None and is_within(real, realpath_nearest_existing(root)):
             return scope
+    return None
+
+
+def escaped_scope(path: str | os.PathLike[str], roots: MemoryRoots) -> Scope | None:
+    """The scope whose root ``path`` names literally while its bytes would land outside that
+    root (a symlinked topic directory or file pointing out of the tree); None when ``path`` is
+    outside every root by name or really lands inside the root it names."""
+    literal = os.path.normpath(os.path.abspath(os.fspath(path)))
+    real = realpath_nearest_existing(path)
+    candidates: list[tuple[Scope, Path | None]] = [
+        ("team", roots.team),
+        ("project", roots.project),
+        ("user", roots.user),
+    ]
+    for scope, root in candidates:
+        if root is None:
+            continue
+        if is_within(literal, os.path.normpath(os.path.abspath(root))):
+            return None if is_within(real, realpath_nearest_existing(root)) else scope
     return None

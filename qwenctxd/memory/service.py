@@ -309,6 +309,9 @@ class MemoryService:
         team_roots = mpaths.MemoryRoots(project=roots.project, user=roots.user, team=team_root,
                                         state=roots.state)
         is_team = mpaths.scope_of(path, team_roots) == "team"
+        escaped = mpaths.escaped_scope(path, team_roots)
+        if escaped is not None:  # names a memory dir, but a symlink takes the bytes elsewhere
+            return False, escaped, []
         res = secrets.check_write(path, content, is_team_path=lambda _p: is_team)
         return res.allowed, ("team" if is_team else scope), list(res.rules)
 

@@ -120,6 +120,14 @@ class ScheduledResult(msgspec.Struct, kw_only=True):
     skipped_reason: str | None = None
 
 
+class DreamScheduledResult(ScheduledResult, omit_defaults=True):
+    """memory.dream's reply; when skipped: whether ``force: true`` skips that gate, and for a
+    time gate (``scan_throttled``, ``min_hours``) when it passes again (POSIX seconds)."""
+
+    retry_at: float | None = None
+    force_skips: bool | None = None
+
+
 class LogParams(Params):
     limit: int = 50
 
@@ -132,9 +140,19 @@ class UndoParams(Params):
     id: str
 
 
+class UndoneEntry(msgspec.Struct, kw_only=True):
+    """The audit entry an undo reverted: its id, the agent and the action it had taken."""
+
+    id: str
+    agent: str
+    action: str
+
+
 class UndoResult(msgspec.Struct, kw_only=True):
     restored: str
-    action: str
+    action: str  # the change the undo made (a "delete" when it undoes a "create")
+    undone: UndoneEntry | None = None
+    message: str | None = None  # for people: what the undo did
 
 
 class DreamParams(Params):

@@ -204,3 +204,28 @@ class ContextResult(msgspec.Struct, kw_only=True):
     parts: list[ContextPart]
     free_tokens: int
     free_pct: float
+
+
+# -- session.transcript (operations addition) ---------------------------------------------------
+class TranscriptCall(msgspec.Struct, kw_only=True):
+    id: str | None = None
+    name: str
+    arguments: str
+
+
+class TranscriptEntry(msgspec.Struct, kw_only=True, omit_defaults=True):
+    kind: str  # "message" | "compression"
+    role: str  # user | assistant | tool | system
+    text: str = ""
+    time: str | None = None
+    tool_calls: list[TranscriptCall] = msgspec.field(default_factory=list)
+    tool_call_id: str | None = None
+    name: str | None = None
+    model: str | None = None
+
+
+class TranscriptResult(msgspec.Struct, kw_only=True):
+    session_id: str
+    path: str
+    entries: list[TranscriptEntry]
+    torn_lines: int = 0

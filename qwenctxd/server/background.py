@@ -86,6 +86,13 @@ class Background:
         return st.get("lock"), since
 
     async def idle_loop(self) -> None:
+        """The idle dream checks, and closing sessions idle past
+        ``sessions.idle_close_minutes``."""
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self.d.sessions.idle_close_loop)
+            tg.start_soon(self._dream_idle_loop)
+
+    async def _dream_idle_loop(self) -> None:
         while True:
             await anyio.sleep(IDLE_CHECK_S)
             if self.d.in_flight_requests or not self.d.tasks.accepting:

@@ -73,6 +73,7 @@ class SessionManager:
         self.skills: SkillsService | None = skills
         self.memory: MemoryService | None = memory
         self._environ = environ if environ is not None else os.environ
+        self._opened_at: dict[str, float] = {}  # wall time each session was opened here
 
     @property
     def model(self) -> ModelClient:
@@ -104,6 +105,7 @@ class SessionManager:
     async def open(self, cwd: Path, p: wire.OpenParams) -> wire.OpenResult:
         if p.session_id and p.session_id in self.sessions:
             s = self.sessions[p.session_id]  # another client continues the same session
+            self._opened_at[s.id] = time.time()
             tokens = s.prompt_tokens or s.estimate(0)[0]
             return wire.OpenResult(session_id=s.id, resumed=True, messages=len(s.messages),
                                    prompt_tokens=tokens, window_tokens=s.window_tokens,
@@ -172,6 +174,7 @@ class SessionManager:
             for t in state.torn:
                 warnings.append(f"skipped unreadable line {t.line_no} of {path.name}: {t.reason}")
         self.sessions[session_id] = s
+        self._opened_at[session_id] = time.time()
         sp = await self.system_prompt(s)
         from qwenctxd.sessions.state import system_tokens
 
@@ -245,6 +248,7 @@ class SessionManager:
     async def delete(self, session_id: str) -> wire.DeleteResult:
         checked_id(session_id)
         s = self.sessions.pop(session_id, None)
+        self._opened_at.pop(session_id, None)
         path: Path | None = None
         if s is not None:
             s.writer.close()
@@ -308,7 +312,44 @@ class SessionManager:
         async with s.lock:
             s.writer.close()
             self.sessions.pop(session_id, None)
+            self._opened_at.pop(session_id, None)
         await self._index_upsert(s)
+
+    # -- idle close ---------------------------------------------------------------------------
+    def idle_for(self, s: Session, now: float) -> float:
+        """Seconds since the session's last activity (opened, continued by a client, or a
+        message added)."""
+        last = max(self._opened_at.get(s.id, 0.0), s.updated_at, s.last_model_reply_at or 0.0)
+        return max(0.0, now - last)
+
+    async def close_idle(self, idle_s: float, *, now: float | None = None) -> list[str]:
+        """Close every open session idle for ``idle_s`` or longer (not one mid-turn); they stay
+        recorded and resumable (``session.open {session_id}``). The ids closed."""
+        now = time.time() if now is None else now
+        closed: list[str] = []
+        for s in list(self.sessions.values()):
+            if s.lock.locked() or self.idle_for(s, now) < idle_s:
+                continue
+            try:
+                await self.close(s.id)
+            except errors.SessionNotFound:
+                continue  # closed meanwhile
+            closed.append(s.id)
+            log.info("session closed after idle", session=s.id,
+                     idle_minutes=round(self.idle_for(s, now) / 60, 1))
+        return closed
+
+    async def idle_close_loop(self) -> None:
+        """Forever: close sessions idle past ``sessions.idle_close_minutes`` (read each round,
+        so a config reload applies; 0 turns it off)."""
+        while True:
+            minutes = self.config.global_settings.sessions.idle_close_minutes
+            if minutes <= 0:
+                await anyio.sleep(60.0)
+                continue
+            await anyio.sleep(min(60.0, max(0.2, minutes * 60 / 4)))
+            if self.tasks.accepting:
+                await self.close_idle(minutes * 60)
 
     def on_user_turn_complete(self, s: Session) -> list[str]:
         """Hook for background work after a user-query turn (extraction, dream: issue 7)."""

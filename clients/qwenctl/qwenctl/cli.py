@@ -15,7 +15,9 @@ from typing import Any
 import msgspec
 
 from qwenctl import (
+    compress_cmds,
     context_cmds,
+    doctor_cmds,
     instructions_cmds,
     logs_cmds,
     mcp_server,
@@ -173,6 +175,8 @@ COMMANDS: dict[str, Callable[[Ctx], int]] = {
     "skills": skills_cmds.cmd_skills,
     "memory": memory_cmds.cmd_memory,
     "context": context_cmds.cmd_context,
+    "compress": compress_cmds.cmd_compress,
+    "doctor": doctor_cmds.cmd_doctor,
     "logs": logs_cmds.cmd_logs,
     "methods": rpc_cmds.cmd_methods,
     "call": rpc_cmds.cmd_call,
@@ -226,6 +230,8 @@ def build_parser() -> argparse.ArgumentParser:
     skills_cmds.add_parser(sub, common)
     memory_cmds.add_parser(sub, common)
     context_cmds.add_parser(sub, common)
+    compress_cmds.add_parser(sub, common)
+    doctor_cmds.add_parser(sub, common)
     rpc_cmds.add_parser(sub, common)
     logs_cmds.add_parser(sub, common)
     mcp_server.add_parser(sub, common)

@@ -282,8 +282,37 @@ def cmd_dream(ctx: Ctx) -> int:
         sys.stdout.write("dream scheduled; `qwenctl drain` waits for it, "
                          "`qwenctl memory log` shows what it changed\n")
     else:
-        sys.stdout.write(f"dream skipped: {res.get('skipped_reason') or res.get('reason')}\n")
+        sys.stdout.write(dream_skipped_line(res) + "\n")
     return EXIT_OK
+
+
+DREAM_REASONS = {
+    "scan_throttled": "the session files were scanned for new sessions a moment ago",
+    "min_hours": "the last dream was less than 24 hours ago",
+    "min_sessions": "too few sessions since the last dream",
+    "same_session": "this session already dreamed",
+    "disabled": "auto dream is disabled (memory.enableManagedAutoDream)",
+    "memory_pressure": "the machine is short of memory",
+    "locked": "another process holds this project's consolidation lock",
+    "running": "a dream for this project is already running or queued",
+    "no_model": "no model is configured (see `qwenctl doctor`)",
+}
+
+
+def dream_skipped_line(res: dict[str, Any]) -> str:
+    """``dream skipped: REASON (what it means); when it may run again; whether --force helps``."""
+    reason = res.get("skipped_reason") or res.get("reason") or "unknown"
+    parts = [f"dream skipped: {reason}"]
+    if reason in DREAM_REASONS:
+        parts[0] += f" ({DREAM_REASONS[reason]})"
+    retry = res.get("retry_at")
+    if isinstance(retry, int | float):
+        left = max(0.0, retry - time.time())
+        when = time.strftime("%H:%M:%S", time.localtime(retry))
+        parts.append(f"the next attempt is allowed at {when} (in {render.human_duration(left)})")
+    if res.get("force_skips"):
+        parts.append("`qwenctl memory dream --force` runs it now")
+    return "; ".join(parts)
 
 
 def cmd_log(ctx: Ctx) -> int:
@@ -303,8 +332,10 @@ def cmd_log(ctx: Ctx) -> int:
         target = f"undoes {e['undoes']}" if e.get("undoes") else render.short_path(
             e["path"], cwd=os.getcwd(), home=home_dir())
         rows.append((e["id"], when, e["agent"], e["action"], target))
-    render.table(f"background changes (last {len(entries)})", rows,
-                 ("id", "time", "agent", "action", "path"))
+    # the path column folds onto more lines on a narrow terminal instead of being cut
+    render.table_fold_to(sys.stdout, f"background changes (last {len(entries)})", rows,
+                         ("id", "time", "agent", "action", "path"), nowrap=(0, 1, 2, 3),
+                         fold=(4,))
     return EXIT_OK
 
 
@@ -315,7 +346,8 @@ def cmd_undo(ctx: Ctx) -> int:
     if ctx.args.json:
         emit_json(res)
     else:
-        sys.stdout.write(f"restored {res['restored']} (undid a {res['action']})\n")
+        said = res.get("message") or f"the change is now a {res['action']}"
+        sys.stdout.write(f"restored {res['restored']}: {said}\n")
     return EXIT_OK
 
 

@@ -1,5 +1,9 @@
 """Human output of ``qwenctl prompt`` and ``qwenctl instructions``: the system-prompt
-summary and the instruction files in load order (generic helpers live in :mod:`qwenctl.render`)."""
+summary and the instruction files in load order (generic helpers live in :mod:`qwenctl.render`).
+
+Paths are shown relative to the project root (the header names it), whichever subdirectory the
+command runs in, so one listing never mixes cwd-relative and absolute paths; files outside the
+project (``~/.qwen/QWEN.md``) are shown from ``~``, else absolute."""
 
 from __future__ import annotations
 
@@ -25,8 +29,13 @@ def _problems(stream: TextIO, errors: list[dict[str, Any]], cwd: str, home: str 
 
 def _where(cwd: str, root: str | None, home: str | None) -> str:
     where = short_path(cwd, None, home)
-    return f"{where} (project root {short_path(root, None, home)})" if root else \
-        f"{where} (no project root)"
+    return (f"{where} (project root {short_path(root, None, home)}; paths below are "
+            "relative to it)") if root else f"{where} (no project root)"
+
+
+def _base(cwd: str, root: str | None) -> str:
+    """The directory the listing's paths are relative to: the project root, else cwd."""
+    return root or cwd
 
 
 def prompt_report(res: dict[str, Any], *, cwd: str, home: str | None,
@@ -34,6 +43,7 @@ def prompt_report(res: dict[str, Any], *, cwd: str, home: str | None,
     """The summary of a ``prompt.system`` result: sections, total, files, hash, problems."""
     out = stream or sys.stderr
     _line(out, f"system prompt for {_where(cwd, res.get('project_root'), home)}")
+    cwd = _base(cwd, res.get("project_root"))
     rows = [(s["name"], str(s["chars"]), str(s["est_tokens"])) for s in res["sections"]]
     rows.append(("total", str(sum(s["chars"] for s in res["sections"])),
                  str(sum(s["est_tokens"] for s in res["sections"]))))
@@ -53,6 +63,7 @@ def instructions_report(res: dict[str, Any], *, cwd: str, home: str | None,
     problems."""
     out = stream or sys.stdout
     _line(out, f"instructions for {_where(cwd, res.get('project_root'), home)}")
+    cwd = _base(cwd, res.get("project_root"))
     if res["files"]:
         rows: list[tuple[str, ...]] = []
         for n, f in enumerate(res["files"], 1):

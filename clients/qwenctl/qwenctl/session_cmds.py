@@ -54,6 +54,9 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     _scope(ls)
     sh = ss.add_parser("show", parents=[common], help="one session's details")
     sh.add_argument("session", metavar="ID", help="session id or a unique prefix of one")
+    sh.add_argument("--messages", action="store_true",
+                    help="also print the transcript (long tool output shortened; --full)")
+    sh.add_argument("--full", action="store_true", help="with --messages: nothing shortened")
     ti = ss.add_parser("title", parents=[common],
                        help="give a session your own title (kept over the automatic one)")
     ti.add_argument("session", metavar="ID", help="session id or a unique prefix of one")
@@ -164,10 +167,17 @@ def cmd_show(ctx: Ctx) -> int:
 
     row = _row(ctx)
     live = _live(ctx, row["session_id"]) if row.get("open") else None
+    messages = getattr(ctx.args, "messages", False)
+    tr = ctx.call("session.transcript", {"session_id": row["session_id"]}) if messages else None
     if ctx.args.json:
-        emit_json({**row, "live": live})
+        emit_json({**row, "live": live, **({"transcript": tr} if tr is not None else {})})
     else:
         render_sessions.session_detail(row, live, home=home_dir(), stream=sys.stdout)
+        if tr is not None:
+            from qwenctl import render_transcript
+
+            render_transcript.transcript(tr, stream=sys.stdout,
+                                         full=bool(getattr(ctx.args, "full", False)))
     return EXIT_OK
 
 

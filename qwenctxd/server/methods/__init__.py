@@ -14,10 +14,12 @@ def register_all(daemon: Daemon) -> None:
         daemon_methods,
         instructions_methods,
         memory_methods,
+        model_methods,
         session_methods,
         skill_review_methods,
         skills_methods,
         speculation_methods,
+        transcript_methods,
     )
 
     daemon_methods.register(daemon)
@@ -26,7 +28,9 @@ def register_all(daemon: Daemon) -> None:
     skills_methods.register(daemon)
     skill_review_methods.register(daemon)
     memory_methods.register(daemon)
+    model_methods.register(daemon)
     speculation_methods.register(daemon)
+    transcript_methods.register(daemon)
     if os.environ.get("QWENCTXD_DEBUG_METHODS") == "1":
         from qwenctxd.server.methods import debug_methods
 

@@ -103,6 +103,7 @@ def register(daemon: Daemon) -> None:
         import anyio
 
         try:
+            undone = await anyio.to_thread.run_sync(daemon.audit.find, p.id)
             entry = await anyio.to_thread.run_sync(daemon.audit.undo, p.id)
         except KeyError:
             raise errors.InvalidParams(f"no audit entry {p.id}",
@@ -116,13 +117,27 @@ def register(daemon: Daemon) -> None:
         if (root / "MEMORY.md").exists():
             scope = "user" if root.name == "memories" else "project"
             await anyio.to_thread.run_sync(rebuild_index, root, scope)
-        return wire.UndoResult(restored=entry.path, action=entry.action)
+        from qwenctxd.agents.audit import undo_wording
 
-    async def dream(ctx: Connection, p: wire.DreamParams) -> wire.ScheduledResult:
+        return wire.UndoResult(
+            restored=entry.path, action=entry.action,
+            undone=wire.UndoneEntry(id=undone.id, agent=undone.agent, action=undone.action),
+            message=undo_wording(undone))
+
+    async def dream(ctx: Connection, p: wire.DreamParams) -> wire.DreamScheduledResult:
         cwd = checked_cwd(p.cwd)
         await service.project(cwd)  # scaffold
         scheduled, reason = daemon.background.schedule_dream(cwd, session_id=None, force=p.force)
-        return wire.ScheduledResult(scheduled=scheduled, reason=reason, skipped_reason=reason)
+        if scheduled or reason is None:
+            return wire.DreamScheduledResult(scheduled=scheduled, reason=reason,
+                                             skipped_reason=reason)
+        from qwenctxd.agents.dream import FORCE_SKIPS
+
+        roots = daemon.memory.roots(cwd)
+        return wire.DreamScheduledResult(
+            scheduled=False, reason=reason, skipped_reason=reason,
+            retry_at=daemon.background.dreamer.retry_at(roots, reason),
+            force_skips=(reason in FORCE_SKIPS) or None)
 
     for spec in (
         MethodSpec("memory.dream", wire.DreamParams, dream),

@@ -1,0 +1,212 @@
+"""``qwenctl doctor``: one command that says why something does not work.
+
+Checks, each ``ok``, ``warn`` or ``problem``:
+
+* socket — the daemon answers on the socket in use (never auto-started here: a doctor that
+  starts what it examines hides the problem);
+* service — the systemd user units installed by ``qwenctl install-service``, whether their
+  ``ExecStart`` program exists, and ``systemctl --user is-active`` when systemctl is there;
+* config — the files in play, and a bad edit the daemon is ignoring;
+* model — ``model.probe``: configured or not, where each setting came from (config file /
+  environment / settings.json), the endpoint reachable, and which request shapes it accepted;
+* inotify — the kernel's watch and instance limits against the daemon's watches.
+
+Exit 0 when nothing is a ``problem``, 1 otherwise (3 when the daemon is unreachable); ``--json``
+prints ``{checks: [{name, status, summary, details}], problems}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from qwenctl.daemon_link import EXIT_DAEMON_ERROR, EXIT_OK, EXIT_UNREACHABLE, Unreachable
+from qwenctxd.client import ClientError, RemoteError
+from qwenctxd.paths import socket_path
+
+if TYPE_CHECKING:
+    from qwenctl.cli import Ctx
+
+INOTIFY_DIR = Path("/proc/sys/fs/inotify")
+WATCH_WARN_FRACTION = 0.8
+
+
+def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
+    d = sub.add_parser("doctor", parents=[common],
+                       help="check socket, service, config, model endpoint and inotify limits")
+    d.add_argument("--probe-timeout", type=float, default=10.0,
+                   help="seconds per model request shape (default 10)")
+
+
+def _check(name: str, status: str, summary: str, **details: Any) -> dict[str, Any]:
+    return {"name": name, "status": status, "summary": summary, "details": details}
+
+
+# -- the checks -------------------------------------------------------------------------------
+def check_socket(ctx: Ctx) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    path = socket_path(ctx.args.socket)
+    try:
+        st = ctx.call("daemon.status", autostart=False)
+    except Unreachable:
+        return _check("socket", "problem", f"no daemon answers at {path}; start it with "
+                      "`qwenctxd`, `systemctl --user start qwenctxd` or any qwenctl command",
+                      socket=str(path)), None
+    state = st.get("state", "?")
+    status = "ok" if state == "serving" else "warn"
+    return _check("socket", status, f"qwenctxd {st['version']} (pid {st['pid']}) {state} at "
+                  f"{path}" + (" [socket-activated]" if st.get("activated") else ""),
+                  socket=str(path), pid=st["pid"], state=state), st
+
+
+def _unit_dir() -> Path:
+    from qwenctl import units
+
+    return units.unit_dir()
+
+
+def check_service() -> dict[str, Any]:
+    unit = _unit_dir() / "qwenctxd.service"
+    details: dict[str, Any] = {"unit": str(unit), "installed": unit.exists()}
+    if not unit.exists():
+        return _check("service", "ok", "no systemd user unit installed (optional: "
+                      "`qwenctl install-service`)", **details)
+    text = unit.read_text(errors="replace")
+    m = re.search(r"^ExecStart=(\S+)", text, flags=re.M)
+    exe = m.group(1) if m else None
+    details["exec_start"] = exe
+    active = None
+    if shutil.which("systemctl"):
+        try:
+            out = subprocess.run(["systemctl", "--user", "is-active", "qwenctxd.socket",
+                                  "qwenctxd.service"], capture_output=True, text=True,
+                                 timeout=5)
+            active = out.stdout.split()
+        except (OSError, subprocess.TimeoutExpired):
+            active = None
+    details["active"] = active
+    if exe and not (os.path.isfile(exe) and os.access(exe, os.X_OK)):
+        return _check("service", "problem", f"the unit's ExecStart program {exe} is missing; "
+                      "rerun `qwenctl install-service` from the installation you use", **details)
+    state = f" (socket {active[0]}, service {active[1]})" if active and len(active) == 2 else ""
+    return _check("service", "ok", f"unit installed, runs {exe}{state}", **details)
+
+
+def check_config(st: dict[str, Any]) -> dict[str, Any]:
+    cfg = st.get("config") or {}
+    files = cfg.get("files") or []
+    if cfg.get("last_error"):
+        return _check("config", "problem", f"a bad edit is being ignored: {cfg['last_error']}",
+                      files=files)
+    return _check("config", "ok", f"{len(files)} file(s) in play" +
+                  (": " + ", ".join(files) if files else " (defaults and environment only)"),
+                  files=files)
+
+
+def check_model(ctx: Ctx) -> dict[str, Any]:
+    p = ctx.call("model.probe", {"timeout_s": ctx.args.probe_timeout}, autostart=False)
+    src = p.get("sources") or {}
+    details = {k: p.get(k) for k in ("base_url", "model", "fast_model", "api_key_set",
+                                     "reachable", "models")}
+    details["sources"] = src
+    details["shapes"] = p.get("shapes") or []
+    if not p["configured"]:
+        missing = [k for k in ("base_url", "model") if not p.get(k)]
+        return _check("model", "problem",
+                      f"not configured: no {' and no '.join(missing)}; set OPENAI_BASE_URL and "
+                      "OPENAI_MODEL (and OPENAI_API_KEY) in the daemon's environment, or "
+                      "[model] base_url/model/api_key in config.toml", **details)
+    shapes = {s["shape"]: s for s in p.get("shapes") or []}
+    accepted = [k for k, s in shapes.items() if s["status"] == "ok"]
+    refused = [f"{k} ({s['reason']})" for k, s in shapes.items() if s["status"] == "failed"]
+    where = f"{p['base_url']} model {p['model']}"
+    if not p["reachable"]:
+        chat = shapes.get("chat") or {}
+        return _check("model", "problem", f"endpoint broken: {where} did not answer "
+                      f"({chat.get('reason') or 'unknown'})", **details)
+    chat_ok = (shapes.get("chat") or {}).get("status") == "ok"
+    json_ok = any((shapes.get(k) or {}).get("status") == "ok"
+                  for k in ("json_schema", "json_object"))
+    status = "ok" if chat_ok and json_ok else "problem"
+    summary = f"{where} answers; accepted: {', '.join(accepted) or 'none'}"
+    if refused:
+        summary += f"; refused: {', '.join(refused)}"
+    if not chat_ok:
+        summary += "; plain chat completions fail, so side queries will too"
+    elif not json_ok:
+        summary += "; no JSON output shape works, so recall and extraction cannot run"
+    return _check("model", status, summary, **details)
+
+
+def check_inotify(st: dict[str, Any] | None) -> dict[str, Any]:
+    limits: dict[str, int | None] = {}
+    for name in ("max_user_watches", "max_user_instances", "max_queued_events"):
+        try:
+            limits[name] = int((INOTIFY_DIR / name).read_text().strip())
+        except (OSError, ValueError):
+            limits[name] = None
+    used = int((st or {}).get("inotify_watches") or 0)
+    watches = limits["max_user_watches"]
+    details = {**limits, "daemon_watches": used}
+    if watches is None:
+        return _check("inotify", "warn", "cannot read /proc/sys/fs/inotify limits", **details)
+    summary = (f"daemon uses {used} watches; limits: {watches} watches, "
+               f"{limits['max_user_instances']} instances per user")
+    if used >= watches * WATCH_WARN_FRACTION:
+        return _check("inotify", "problem", summary + "; near the limit: raise "
+                      "fs.inotify.max_user_watches (sysctl)", **details)
+    return _check("inotify", "ok", summary, **details)
+
+
+# -- the command ------------------------------------------------------------------------------
+MARK = {"ok": "ok", "warn": "warn", "problem": "PROBLEM"}
+
+
+def _print(checks: list[dict[str, Any]]) -> None:
+    width = max(len(c["name"]) for c in checks)
+    for c in checks:
+        sys.stdout.write(f"{MARK[c['status']]:<7}  {c['name']:<{width}}  {c['summary']}\n")
+        if c["name"] == "model":
+            d = c["details"]
+            for key in ("base_url", "model", "fast_model", "api_key"):
+                shown = (d.get(key) if key != "api_key" else
+                         ("set" if d.get("api_key_set") else "not set"))
+                source = (d.get("sources") or {}).get(key) or "unset (default)"
+                sys.stdout.write(f"{'':<7}  {'':<{width}}    {key}: {shown or '-'}  "
+                                 f"from {source}\n")
+            for s in d.get("shapes") or []:
+                tail = f" ({s['reason']})" if s.get("reason") else ""
+                ms = f" {s['ms']} ms" if s.get("ms") is not None else ""
+                sys.stdout.write(f"{'':<7}  {'':<{width}}    {s['shape']}: {s['status']}"
+                                 f"{tail}{ms}\n")
+
+
+def cmd_doctor(ctx: Ctx) -> int:
+    from qwenctl.cli import emit_json
+
+    checks: list[dict[str, Any]] = []
+    sock, st = check_socket(ctx)
+    checks.append(sock)
+    checks.append(check_service())
+    if st is not None:
+        checks.append(check_config(st))
+        try:
+            checks.append(check_model(ctx))
+        except (RemoteError, ClientError, OSError) as exc:
+            checks.append(_check("model", "problem", f"model.probe failed: {exc}"))
+    checks.append(check_inotify(st))
+    problems = [c["name"] for c in checks if c["status"] == "problem"]
+    if ctx.args.json:
+        emit_json({"checks": checks, "problems": problems})
+    else:
+        _print(checks)
+        sys.stdout.write(f"\n{len(problems)} problem(s)" +
+                         (f": {', '.join(problems)}\n" if problems else "\n"))
+    if st is None:
+        return EXIT_UNREACHABLE
+    return EXIT_DAEMON_ERROR if problems else EXIT_OK

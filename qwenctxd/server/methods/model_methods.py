@@ -1,0 +1,32 @@
+"""Handler of ``model.probe``: the configured endpoint tried shape by shape, with where each
+setting came from (``qwenctl doctor`` shows it)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from qwenctxd.protocol import model as wire
+from qwenctxd.server.dispatch import MethodSpec
+
+if TYPE_CHECKING:
+    from qwenctxd.server.app import Daemon
+    from qwenctxd.server.connection import Connection
+
+
+def register(daemon: Daemon) -> None:
+    async def probe(ctx: Connection, p: wire.ProbeParams) -> wire.ProbeResult:
+        from qwenctxd.config.sources import model_sources
+        from qwenctxd.model.probe import probe as run_probe
+
+        r = await run_probe(daemon.model.endpoint, timeout_s=p.timeout_s)
+        return wire.ProbeResult(
+            configured=r.configured, base_url=r.base_url, model=r.model,
+            fast_model=r.fast_model, api_key_set=r.api_key_set, reachable=r.reachable,
+            models=r.models,
+            shapes=[wire.ProbeShape(shape=s.shape, status=s.status, reason=s.reason, ms=s.ms)
+                    for s in r.shapes],
+            sources=wire.ModelSources(**model_sources(daemon.config)),
+            config_files=[str(f) for f in daemon.config.files],
+            config_error=daemon.config.last_error)
+
+    daemon.dispatcher.register(MethodSpec("model.probe", wire.ProbeParams, probe))

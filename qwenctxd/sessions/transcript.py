@@ -1,0 +1,117 @@
+"""``session.transcript``: a session's recorded conversation, entry by entry, for people.
+
+Read from the session's JSONL (open or closed, without resuming it), in file order, so it
+shows everything that was said — also what a compaction later folded into a summary, which
+appears as a ``compression`` entry where it happened. Message payloads in either shape are
+understood: OpenAI chat messages (``role`` user/assistant/tool, ``content``, ``tool_calls``)
+and Qwen Code's own (``role`` user/model, ``parts`` with ``text``, ``functionCall``,
+``functionResponse``). Unreadable lines are skipped and counted.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from qwenctxd.protocol import errors
+from qwenctxd.protocol import session as wire
+from qwenctxd.sessions import records
+
+
+def _text_of(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        out = []
+        for part in content:
+            if isinstance(part, dict):
+                if isinstance(part.get("text"), str):
+                    out.append(part["text"])
+                elif part.get("type") in ("image_url", "image") or "inlineData" in part:
+                    out.append("[image]")
+        return "\n".join(out)
+    return ""
+
+
+def _args(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
+def entries_of(rec: records.ChatRecord) -> list[wire.TranscriptEntry]:
+    """The transcript entries one record contributes (none for titles and other records)."""
+    ts = rec.timestamp or None
+    if rec.type == "system":
+        if rec.subtype == records.SUBTYPE_COMPRESSION:
+            info = (rec.systemPayload or {}).get("info") or {}
+            before, after = info.get("originalTokenCount"), info.get("newTokenCount")
+            text = (f"context compressed ({info.get('trigger') or 'manual'}): "
+                    f"{before} → {after} tokens" if before is not None else "context compressed")
+            return [wire.TranscriptEntry(kind="compression", role="system", text=text, time=ts)]
+        return []
+    msg = rec.message or {}
+    role = str(msg.get("role") or rec.type)
+    parts = msg.get("parts")
+    if isinstance(parts, list):  # Qwen Code's payload
+        texts: list[str] = []
+        calls: list[wire.TranscriptCall] = []
+        out: list[wire.TranscriptEntry] = []
+        for part in parts:
+            if not isinstance(part, dict):
+                continue
+            if isinstance(part.get("text"), str) and not part.get("thought"):
+                texts.append(part["text"])
+            elif isinstance(part.get("functionCall"), dict):
+                fc = part["functionCall"]
+                calls.append(wire.TranscriptCall(id=fc.get("id"), name=str(fc.get("name")),
+                                                 arguments=_args(fc.get("args") or {})))
+            elif isinstance(part.get("functionResponse"), dict):
+                fr = part["functionResponse"]
+                resp = fr.get("response")
+                body = resp.get("output", resp) if isinstance(resp, dict) else resp
+                out.append(wire.TranscriptEntry(
+                    kind="message", role="tool", time=ts, name=fr.get("name"),
+                    tool_call_id=fr.get("id"),
+                    text=body if isinstance(body, str) else _args(body)))
+        if texts or calls:
+            out.insert(0, wire.TranscriptEntry(
+                kind="message", role="assistant" if role == "model" else role, time=ts,
+                text="\n".join(texts), tool_calls=calls, model=rec.model))
+        return out
+    calls = [wire.TranscriptCall(id=c.get("id"), name=str((c.get("function") or {}).get("name")),
+                                 arguments=_args((c.get("function") or {}).get("arguments", "")))
+             for c in msg.get("tool_calls") or [] if isinstance(c, dict)]
+    return [wire.TranscriptEntry(kind="message", role=role, time=ts,
+                                 text=_text_of(msg.get("content")), tool_calls=calls,
+                                 tool_call_id=msg.get("tool_call_id"), name=msg.get("name"),
+                                 model=rec.model)]
+
+
+def read_transcript(path: Path) -> tuple[list[wire.TranscriptEntry], int]:
+    """Every entry of the JSONL at ``path`` and the number of unreadable lines. Blocking."""
+    result = records.read_records(path)
+    out: list[wire.TranscriptEntry] = []
+    for rec in result.records:
+        out.extend(entries_of(rec))
+    return out, len(result.torn)
+
+
+async def transcript(manager: Any, session_id: str) -> wire.TranscriptResult:
+    """The transcript of an open or recorded session (SessionNotFound when there is none)."""
+    from qwenctxd.sessions.manager import _locate, checked_id
+
+    checked_id(session_id)
+    s = manager.sessions.get(session_id)
+    path: Path | None = s.path if s is not None else None
+    if path is None:
+        row = await manager.index.get(session_id)
+        hint = Path(row["path"]) if row and row.get("path") else None
+        path = await anyio.to_thread.run_sync(_locate, session_id, Path("/"), hint)
+    if path is None or not path.exists():
+        raise errors.SessionNotFound(f"no recorded session {session_id}",
+                                     data={"session_id": session_id})
+    entries, torn = await anyio.to_thread.run_sync(read_transcript, path)
+    return wire.TranscriptResult(session_id=session_id, path=str(path), entries=entries,
+                                 torn_lines=torn)
