@@ -284,9 +284,10 @@ class InstructionsService:
         if sys_md_on and sys_md_path is not None:
             sys_md_print = (sys_md_path, assemble.fingerprint(sys_md_path))
         mem = self.memory_stamp(root, cwd) if self.memory_stamp is not None else None
-        stamp = (id(inst), git_epoch, sys_md_print, mem)
+        # the set itself, not id(inst): a rebuilt set may reuse a freed one's address
+        stamp = (inst, git_epoch, sys_md_print, mem)
         cached = self._prompts.get(pkey)
-        if cached is not None and cached[0] == stamp:
+        if cached is not None and cached[0][0] is inst and cached[0][1:] == stamp[1:]:
             return cached[1]
         result = self._assemble(cwd, inst, git_section, model=model, append=append,
                                 interaction_mode=interaction_mode, env=merged)
