@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from qwenctxd.testing.spawn import SpawnedDaemon
+from qwenctxd.testing.spawn import SpawnedDaemon, wait_until
 
 
 def test_socket_and_dir_permissions(daemon: SpawnedDaemon) -> None:
@@ -178,7 +178,7 @@ def test_second_signal_exits_immediately(spawn) -> None:  # type: ignore[no-unty
     d = spawn(env={"QWENCTXD_DEBUG_METHODS": "1"}).start()
     d.call("debug.sleep_task", {"seconds": 30})
     d.signal(signal.SIGINT)
-    time.sleep(0.3)
+    wait_until(lambda: d.logged("shutting down"), what="the first signal to be handled")
     t0 = time.monotonic()
     d.signal(signal.SIGINT)
     assert d.wait_exit(10) != 0
@@ -190,7 +190,8 @@ def test_drain_waits_and_reports_pending(spawn) -> None:  # type: ignore[no-unty
     d.call("debug.sleep_task", {"seconds": 0.6})
     d.call("debug.sleep_task", {"seconds": 30})
     assert d.call("daemon.drain", {"timeout_s": 0.2}) == {"drained": False, "pending": 2}
-    time.sleep(0.6)
+    wait_until(lambda: len(d.call("daemon.status")["background"]["in_flight"]) == 1,
+               what="the short job to finish")
     assert d.call("daemon.drain", {"timeout_s": 0.2}) == {"drained": False, "pending": 1}
     # shutdown with a short drain deadline cancels what is left and still exits 0
     assert d.call("daemon.shutdown", {"drain": True, "timeout_s": 0.3}) == {"ok": True}

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from qwenctxd.client import Client, RemoteError
 from qwenctxd.protocol.framing import Framing
-from qwenctxd.testing.spawn import SpawnedDaemon
+from qwenctxd.testing.spawn import SpawnedDaemon, wait_until
 
 
 def raw_exchange(path, payload: bytes, *, read_timeout: float = 5.0) -> bytes:
@@ -173,7 +173,8 @@ def test_client_disconnecting_mid_request(daemon: SpawnedDaemon) -> None:
             s.sendall(b'{"jsonrpc":"2.0","method":"daemon.drain","params":{"timeout_s":5},"id":1}\n'
                       b'{"jsonrpc":"2.0","method":"daemon.sta')
         # closed with one request in flight and one half-written
-    time.sleep(0.1)
+    wait_until(lambda: daemon.call("daemon.status")["connections"] == 1,
+               what="the daemon to drop the closed connections")
     assert_ping_ok(daemon)
     assert daemon.call("daemon.status")["state"] == "serving"
 

@@ -14,7 +14,7 @@ import pytest
 from qwenctxd.client import RemoteError
 from qwenctxd.paths import project_slug
 from qwenctxd.testing.openai_stub import Reply, ScriptedOpenAI
-from qwenctxd.testing.spawn import SpawnedDaemon
+from qwenctxd.testing.spawn import SpawnedDaemon, wait_until
 
 
 def model_env(stub: ScriptedOpenAI) -> dict[str, str]:
@@ -137,7 +137,8 @@ def test_prefetch_slow_model_arrives_on_the_next_tool_turn(spawn) -> None:  # ty
         d.call("session.record_model", {"session_id": sid, "message": {
             "role": "assistant", "content": None, "tool_calls": [
                 {"id": "t1", "type": "function", "function": {"name": "glob", "arguments": "{}"}}]}})
-        time.sleep(max(0.0, t0 + 2.0 - time.monotonic()))  # the recall has landed by now
+        wait_until(lambda: not [t for t in d.call("daemon.status")["background"]["in_flight"]
+                                if t["kind"] == "recall"], what="the slow recall to land")
         p = d.call("session.turn", {"session_id": sid, "kind": "tool_results", "tool_results": [
             {"tool_call_id": "t1", "name": "glob", "content": "a.py"}]})
         mem = [r for r in p["reminders"] if r["kind"] == "memory"]

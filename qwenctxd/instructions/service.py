@@ -28,7 +28,7 @@ from qwenctxd.instructions.assemble import InstructionSet
 from qwenctxd.instructions.system_prompt import PROMPT_ENV_KEYS, compose
 from qwenctxd.instructions.tool_roles import ToolRoles
 from qwenctxd.protocol.instructions import prefix_hash
-from qwenctxd.tasks import TaskRegistry
+from qwenctxd.tasks import SharedLoads, TaskRegistry
 from qwenctxd.tokens import estimate_tokens
 from qwenctxd.watch import WatchHub
 
@@ -94,13 +94,11 @@ class InstructionsService:
         self.memory_section: MemorySectionProvider | None = None  # filled by the memory subsystem
         # what changes when the memory section would (cheap; part of the prompt cache stamp)
         self.memory_stamp: Callable[[Path | None, Path], object] | None = None
-        self._sets: dict[Path, _SetEntry] = {}
-        self._epochs: dict[Path, int] = {}
-        self._git: dict[Path, _GitEntry] = {}
-        self._git_epochs: dict[Path, int] = {}
+        # shared loads (a cancelled prompt.system stops waiting; the build goes on)
+        self._sets: SharedLoads[Path, _SetEntry] = SharedLoads(tasks, "instructions")
+        self._git: SharedLoads[Path, _GitEntry] = SharedLoads(tasks, "git")
         self._prompts: dict[tuple[Any, ...], tuple[tuple[Any, ...], SystemPrompt]] = {}
         self._roots: dict[Path, Path | None] = {}
-        self._locks: dict[Path, anyio.Lock] = {}
         self.rebuilds = 0
 
     # -- paths --------------------------------------------------------------------------------
@@ -124,23 +122,24 @@ class InstructionsService:
     async def instruction_set(self, cwd: Path) -> InstructionSet:
         settings = self.settings_for(cwd)
         key = _settings_key(settings)
-        entry = self._sets.get(cwd)
+        entry = self._sets.peek(cwd)
         if entry is not None and entry.key == key:
             return entry.value
-        lock = self._locks.setdefault(cwd, anyio.Lock())
-        async with lock:
-            entry = self._sets.get(cwd)
-            if entry is not None and entry.key == key:
-                return entry.value
-            epoch = self._epochs.get(cwd, 0)
-            value = await anyio.to_thread.run_sync(self._build, cwd, settings)
-            self.rebuilds += 1
-            self._on_rebuild()
-            self._watch(cwd, value)
-            if self._epochs.get(cwd, 0) == epoch:
-                self._sets[cwd] = _SetEntry(key=key, value=value, epoch=epoch)
-                self._schedule_verify(cwd, value)
-            return value
+        if entry is not None:  # the settings that shape it changed
+            self._sets.invalidate(cwd)
+        entry = await self._sets.get(cwd, lambda: self._load_set(cwd, settings, key))
+        return entry.value
+
+    async def _load_set(self, cwd: Path, settings: Settings, key: tuple[Any, ...]) -> _SetEntry:
+        epoch = self._sets.epoch(cwd)
+        value = await anyio.to_thread.run_sync(self._build, cwd, settings)
+        self.rebuilds += 1
+        self._on_rebuild()
+        self._watch(cwd, value)
+        entry = _SetEntry(key=key, value=value, epoch=epoch)
+        if self._sets.epoch(cwd) == epoch:
+            self._schedule_verify(cwd, value)
+        return entry
 
     def _build(self, cwd: Path, settings: Settings) -> InstructionSet:
         c = settings.context
@@ -186,7 +185,7 @@ class InstructionsService:
                 await self._hub.wait_synced()
             for path, fp in value.fingerprints.items():
                 if assemble.fingerprint(path) != fp:
-                    entry = self._sets.get(cwd)
+                    entry = self._sets.peek(cwd)
                     if entry is not None and entry.value is value:
                         self.invalidate_cwd(cwd)
                     return
@@ -195,8 +194,7 @@ class InstructionsService:
                            project=str(value.project_root or cwd))
 
     def invalidate_cwd(self, cwd: Path) -> None:
-        self._epochs[cwd] = self._epochs.get(cwd, 0) + 1
-        self._sets.pop(cwd, None)
+        self._sets.invalidate(cwd)
         self._roots.pop(cwd, None)
 
     def invalidate_path(self, path: Path) -> None:
@@ -210,10 +208,13 @@ class InstructionsService:
     async def _git_section(self, root: Path | None) -> tuple[str, int]:
         if root is None:
             return "", 0
-        entry = self._git.get(root)
-        if entry is not None:
-            return entry.section, entry.epoch
-        epoch = self._git_epochs.get(root, 0)
+        entry = self._git.peek(root)
+        if entry is None:
+            entry = await self._git.get(root, lambda: self._load_git(root))
+        return entry.section, entry.epoch
+
+    async def _load_git(self, root: Path) -> _GitEntry:
+        epoch = self._git.epoch(root)
         prints = {p: assemble.fingerprint(p) for p in _git_files(root)}
         status = await gitinfo.git_status(root, timeout_s=GIT_TIMEOUT_S)
         section = gitinfo.render_git_section(status)
@@ -224,17 +225,15 @@ class InstructionsService:
                 p = Path(raw)
                 names = deps.get(p.parent)
                 if names is not None and _matches(names, p.name):
-                    self._git_epochs[root] = self._git_epochs.get(root, 0) + 1
-                    self._git.pop(root, None)
+                    self._git.invalidate(root)
                     return
 
         if deps:
             self._hub.watch(f"git:{root}", deps.keys(), on_change)
-        if self._git_epochs.get(root, 0) == epoch:
-            entry = _GitEntry(section=section, epoch=epoch, deps=deps)
-            self._git[root] = entry
+        entry = _GitEntry(section=section, epoch=epoch, deps=deps)
+        if self._git.epoch(root) == epoch:
             self._schedule_git_verify(root, entry, prints)
-        return section, epoch
+        return entry
 
     def _schedule_git_verify(self, root: Path, entry: _GitEntry,
                              prints: dict[Path, tuple[int, int] | None]) -> None:
@@ -246,9 +245,8 @@ class InstructionsService:
             with anyio.move_on_after(10):
                 await self._hub.wait_synced()
             if any(assemble.fingerprint(p) != fp for p, fp in prints.items()):
-                if self._git.get(root) is entry:
-                    self._git_epochs[root] = self._git_epochs.get(root, 0) + 1
-                    self._git.pop(root, None)
+                if self._git.peek(root) is entry:
+                    self._git.invalidate(root)
 
         self._tasks.submit("git-verify", verify, key=f"git-verify:{root}", project=str(root))
 
@@ -272,7 +270,8 @@ class InstructionsService:
         env_key = tuple(sorted(merged.items()))
         pkey = (cwd, model, append, interaction_mode, env_key, tool_roles, agent)
         root_guess = self.project_root(cwd)
-        if root_guess is not None and root_guess not in self._git and cwd not in self._sets:
+        if root_guess is not None and self._git.peek(root_guess) is None \
+                and self._sets.peek(cwd) is None:
             # cold: compute the git section while the instruction set builds in a thread
             git_result: list[tuple[str, int]] = []
 
@@ -292,9 +291,10 @@ class InstructionsService:
         if sys_md_on and sys_md_path is not None:
             sys_md_print = (sys_md_path, assemble.fingerprint(sys_md_path))
         mem = self.memory_stamp(root, cwd) if self.memory_stamp is not None else None
-        stamp = (id(inst), git_epoch, sys_md_print, mem)
+        # the set itself, not id(inst): a rebuilt set may reuse a freed one's address
+        stamp = (inst, git_epoch, sys_md_print, mem)
         cached = self._prompts.get(pkey)
-        if cached is not None and cached[0] == stamp:
+        if cached is not None and cached[0][0] is inst and cached[0][1:] == stamp[1:]:
             return cached[1]
         result = self._assemble(cwd, inst, git_section, model=model, append=append,
                                 interaction_mode=interaction_mode, env=merged,

@@ -29,7 +29,7 @@ from qwenctxd.memory.lexical import LexicalIndex
 from qwenctxd.memory.prompt import memory_section
 from qwenctxd.model import ModelClient
 from qwenctxd.protocol.errors import ModelUnavailable, PathOutsideProject
-from qwenctxd.tasks import TaskRegistry
+from qwenctxd.tasks import SharedLoads, TaskRegistry
 from qwenctxd.watch import WatchHub
 
 log = structlog.get_logger("qwenctxd.memory")
@@ -57,8 +57,6 @@ class _Project:
     docs: list[store.MemoryDoc] = field(default_factory=list)
     problems: list[tuple[Path, str]] = field(default_factory=list)
     generation: int = 0
-    synced_generation: int = -1
-    lock: anyio.Lock = field(default_factory=anyio.Lock)
 
 
 class MemoryService:
@@ -72,7 +70,7 @@ class MemoryService:
         self._model = model
         self._environ = environ if environ is not None else os.environ
         self._project_root = project_root
-        self._projects: dict[Path, _Project] = {}
+        self._loads: SharedLoads[Path, _Project] = SharedLoads(tasks, "memory")
         self._hits: dict[str, int] = {}
         self._roots: dict[tuple[Path, bool], mpaths.MemoryRoots] = {}
 
@@ -95,22 +93,34 @@ class MemoryService:
         return cached
 
     async def project(self, cwd: Path) -> _Project:
+        """The project's memory, loaded once (scan + FTS index) and shared by every caller.
+
+        The load runs as shared work (:class:`~qwenctxd.tasks.SharedLoads`): a caller that is
+        cancelled (a superseded recall prefetch) stops waiting, the load goes on, and the
+        project is published only once its documents and index are both complete.
+        """
         key = self._project_root(cwd) or cwd
-        proj = self._projects.get(key)
+        proj = self._loads.peek(key)
         if proj is not None:
             return proj
+        return await self._loads.get(key, lambda: self._open(key, cwd))
+
+    async def _open(self, key: Path, cwd: Path) -> _Project:
         roots = self.roots(cwd)
         await anyio.to_thread.run_sync(store.ensure_scaffold, roots)
         db_dir = roots.state or (roots.user.parent / "projects" / "_no_project")
         db_dir.mkdir(parents=True, exist_ok=True)
         lexical = LexicalIndex(db_dir / "recall.sqlite")
         await lexical.open()
-        proj = self._projects.setdefault(key, _Project(key=key, roots=roots, lexical=lexical))
-        if proj.lexical is not lexical:
-            await lexical.close()
-        await anyio.to_thread.run_sync(self._load_hits, proj)
-        before = await anyio.to_thread.run_sync(_fingerprint, self._watch_dirs(proj))
-        await self._refresh(proj)
+        try:
+            proj = _Project(key=key, roots=roots, lexical=lexical)
+            await anyio.to_thread.run_sync(self._load_hits, proj)
+            before = await anyio.to_thread.run_sync(_fingerprint, self._watch_dirs(proj))
+            await self._resync(proj)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await lexical.close()
+            raise
         self._watch(proj, before)
         return proj
 
@@ -123,22 +133,28 @@ class MemoryService:
         return out
 
     async def _refresh(self, proj: _Project) -> None:
-        """Re-scan every scope and bring the FTS index in step (worker thread + one batch)."""
-        async with proj.lock:
-            def scan_all() -> tuple[list[store.MemoryDoc], list[tuple[Path, str]]]:
-                docs: list[store.MemoryDoc] = []
-                problems: list[tuple[Path, str]] = []
-                for scope, root in self._scoped_roots(proj.roots):
-                    if not root.exists():
-                        continue
-                    res = store.scan(root, scope, uncapped=True)  # type: ignore[arg-type]
-                    docs.extend(res.docs)
-                    problems.extend(res.problems)
-                return docs, problems
+        """Re-sync with the files on disk, as shared work that starts after any load running."""
+        await self._loads.reload(proj.key, lambda: self._resync(proj))
 
-            proj.docs, proj.problems = await anyio.to_thread.run_sync(scan_all)
-            await proj.lexical.sync(proj.docs)
-            proj.generation += 1
+    async def _resync(self, proj: _Project) -> _Project:
+        """Re-scan every scope (worker thread), bring the FTS index in step (one transaction),
+        and only then publish the new documents, so recall and listing agree."""
+        def scan_all() -> tuple[list[store.MemoryDoc], list[tuple[Path, str]]]:
+            docs: list[store.MemoryDoc] = []
+            problems: list[tuple[Path, str]] = []
+            for scope, root in self._scoped_roots(proj.roots):
+                if not root.exists():
+                    continue
+                res = store.scan(root, scope, uncapped=True)  # type: ignore[arg-type]
+                docs.extend(res.docs)
+                problems.extend(res.problems)
+            return docs, problems
+
+        docs, problems = await anyio.to_thread.run_sync(scan_all)
+        await proj.lexical.sync(docs)
+        proj.docs, proj.problems = docs, problems
+        proj.generation += 1
+        return proj
 
     def _watch_dirs(self, proj: _Project) -> list[Path]:
         dirs: list[Path] = []
@@ -180,9 +196,10 @@ class MemoryService:
                            project=str(proj.key))
 
     async def aclose(self) -> None:
-        for proj in self._projects.values():
+        await self._loads.aclose()
+        for key, proj in list(self._loads.items()):
             await proj.lexical.close()
-        self._projects.clear()
+            self._loads.forget(key)
 
     # -- listing ------------------------------------------------------------------------------------
     async def list(self, cwd: Path, scope: str | None = None) -> list[store.MemoryDoc]:
@@ -397,7 +414,7 @@ class MemoryService:
         }
 
     def projects(self) -> list[tuple[Path, int]]:
-        return [(k, len(p.docs)) for k, p in self._projects.items()]
+        return [(k, len(p.docs)) for k, p in self._loads.items()]
 
 
 def _fingerprint(dirs: Sequence[Path]) -> list[tuple[str, int, int]]:

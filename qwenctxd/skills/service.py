@@ -26,7 +26,7 @@ from qwenctxd.config.schema import Settings
 from qwenctxd.events import EventBus
 from qwenctxd.skills import levels
 from qwenctxd.skills.model import SkillSet
-from qwenctxd.tasks import TaskRegistry
+from qwenctxd.tasks import SharedLoads, TaskRegistry
 from qwenctxd.watch import WatchHub
 
 log = structlog.get_logger("qwenctxd.skills")
@@ -59,8 +59,8 @@ class SkillsService:
         self._bus = bus
         self._environ = environ if environ is not None else os.environ
         self._on_refresh = on_refresh or (lambda: None)
-        self._entries: dict[Path | None, _Entry] = {}
-        self._locks: dict[Path | None, anyio.Lock] = {}
+        # shared loads: a cancelled skills.list / turn stops waiting, the load goes on
+        self._entries: SharedLoads[Path | None, _Entry] = SharedLoads(tasks, "skills")
         self.refreshes = 0
         self.generation = 0
 
@@ -81,17 +81,14 @@ class SkillsService:
     # -- loading --------------------------------------------------------------------------------
     async def skillset(self, root: Path | None, cwd: Path) -> tuple[SkillSet, int]:
         """The project's skill set and its generation (bumps on every refresh)."""
-        entry = self._entries.get(root)
-        if entry is not None:
-            return entry.skillset, entry.generation
-        lock = self._locks.setdefault(root, anyio.Lock())
-        async with lock:
-            entry = self._entries.get(root)
-            if entry is None:
-                entry = await self._load(root, cwd)
-            return entry.skillset, entry.generation
+        entry = self._entries.peek(root)
+        if entry is None:
+            entry = await self._entries.get(root, lambda: self._load(root, cwd))
+        return entry.skillset, entry.generation
 
     async def _load(self, root: Path | None, cwd: Path) -> _Entry:
+        """Read every level, then (nothing awaited after) register the watches and the
+        catch-up check; the entry is published by the caller's SharedLoads once this returns."""
         bases = self._bases(root, cwd)
         user_skills = self._qwen_dir() / "skills"
         if not user_skills.exists():  # Qwen Code creates it when watching starts
@@ -100,19 +97,22 @@ class SkillsService:
                                                                          exist_ok=True))
             except OSError:
                 pass
+        own = {b.path for b in bases if b.level in ("project", "user")}
+        # taken before reading: an edit made while the levels load is caught by the check
+        prints = await anyio.to_thread.run_sync(_fingerprint, own)
         skillset = await levels.aload_skills(bases, settings=self._settings(root).skills)
+
+        def watch_dirs_of() -> set[Path]:
+            out = set(own)
+            for base in own:
+                out.update(_skill_dirs(base))
+            return out
+
+        watch_dirs = await anyio.to_thread.run_sync(watch_dirs_of)
         self.generation += 1
-        entry = _Entry(skillset=skillset, generation=self.generation)
-        watch_dirs: set[Path] = set()
-        for b in bases:
-            if b.level in ("project", "user"):
-                entry.bases.add(b.path)
-                watch_dirs.add(b.path)
-                watch_dirs.update(await anyio.to_thread.run_sync(_skill_dirs, b.path))
-        entry.dirs = watch_dirs
-        self._entries[root] = entry
+        entry = _Entry(skillset=skillset, generation=self.generation, dirs=watch_dirs,
+                       bases=own)
         self._watch(root, cwd, entry)
-        prints = await anyio.to_thread.run_sync(_fingerprint, entry.bases)
         self._verify_after_sync(root, cwd, entry, prints)
         return entry
 
@@ -126,7 +126,7 @@ class SkillsService:
             with anyio.move_on_after(10):
                 await self._hub.wait_synced()
             now = await anyio.to_thread.run_sync(_fingerprint, entry.bases)
-            if now != prints and self._entries.get(root) is entry:
+            if now != prints and self._entries.peek(root) is entry:
                 self._schedule_refresh(root, cwd)
 
         self._tasks.submit("skills-verify", verify, key=f"skills-verify:{root}",
@@ -150,9 +150,8 @@ class SkillsService:
 
         async def refresh() -> None:
             await anyio.sleep(DEBOUNCE_S)
-            async with self._locks.setdefault(root, anyio.Lock()):
-                old = self._entries.get(root)
-                entry = await self._load(root, cwd)
+            old = self._entries.peek(root)
+            entry = await self._entries.reload(root, lambda: self._load(root, cwd))
             self.refreshes += 1
             self._on_refresh()
             before = set(old.skillset.skills) if old else set()

@@ -142,6 +142,14 @@ class TaskRegistry:
         self._start(rec, fn)
         return rec
 
+    def start_soon(self, fn: Callable[..., Awaitable[Any]], *args: Any, name: str) -> None:
+        """Run ``fn(*args)`` in the daemon's task group without recording it as a job: for work
+        that requests wait on (shared loads, see ``tasks.shared_load``), not background work of
+        its own. ``fn`` must not raise. RuntimeError when not accepting."""
+        if self._tg is None:
+            raise RuntimeError("task registry is not accepting jobs")
+        self._tg.start_soon(fn, *args, name=name)
+
     def _start(self, rec: TaskRecord, fn: JobFn) -> None:
         assert self._tg is not None
         self._running[rec.id] = rec

@@ -5,6 +5,7 @@ Paths are kept short (AF_UNIX allows 107 bytes) by rooting the scratch tree in /
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -17,6 +18,39 @@ from typing import Any
 
 from qwenctxd.client import Client, DaemonUnreachable
 from qwenctxd.client.errors import ClientError
+
+#: pids of daemons started by a live SpawnedDaemon of this process: each one stops its own,
+#: so another instance on the same tree (a restart) must never kill it.
+_SPAWNED: set[int] = set()
+
+
+def _gone_or_zombie(pid: int) -> bool:
+    """True once ``pid`` has exited (reaping it when it is our child) or is a zombie."""
+    try:
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:
+            return True
+    except ChildProcessError:
+        pass  # not our child: its parent reaps it
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state in (b"Z", b"X")
+
+
+def wait_until(check: Any, *, timeout: float = 10.0, what: str = "condition",
+               interval: float = 0.01) -> Any:
+    """Poll ``check()`` until it returns something truthy (returned); AssertionError naming
+    ``what`` after ``timeout`` s. For tests: wait on a condition, never a fixed sleep."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
 
 
 class SpawnedDaemon:
@@ -70,6 +104,7 @@ class SpawnedDaemon:
             pass_fds=pass_fds,
             preexec_fn=preexec_fn,
         )
+        _SPAWNED.add(self.proc.pid)
         if wait:
             self.wait_ready(timeout)
         return self
@@ -116,6 +151,8 @@ class SpawnedDaemon:
             except Exception:
                 self.proc.kill()
                 self.proc.wait(10)
+        if self.proc is not None and self.proc.returncode is not None:
+            _SPAWNED.discard(self.proc.pid)
         if self._log_file is not None:
             self._log_file.close()
             self._log_file = None
@@ -137,15 +174,26 @@ class SpawnedDaemon:
                 ours = f"HOME={self.home}".encode() in f.read().split(b"\0")
         except (OSError, ValueError, IndexError):
             return
-        if not ours or (self.proc is not None and pid == self.proc.pid):
-            return
+        if not ours or pid in _SPAWNED or (self.proc is not None and pid == self.proc.pid):
+            return  # a daemon a SpawnedDaemon started (a restart on this tree) stops itself
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             return
         deadline = time.monotonic() + 5
-        while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
-            time.sleep(0.02)
+        while not _gone_or_zombie(pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    def logged(self, event: str) -> bool:
+        """Whether the daemon's JSON log has a line with this ``event``."""
+        for line in self.log_text().splitlines():
+            if event in line and line.startswith("{"):
+                try:
+                    if json.loads(line).get("event") == event:
+                        return True
+                except ValueError:
+                    continue
+        return False
 
     def log_text(self) -> str:
         try:
