@@ -140,6 +140,7 @@ class SessionManager:
         torn: list[int] = []
         if state is not None:
             s.replace_history(state.messages)
+            s.writer.remember_tool_calls(state.messages)
             s.title = state.title
             s.started_at = _parse_iso(state.started_at) or s.started_at
             s.updated_at = _parse_iso(state.updated_at) or s.updated_at
@@ -194,6 +195,8 @@ class SessionManager:
 
     # -- list / recap / summary / delete / close ----------------------------------------------
     async def list(self, cwd: Path | None) -> wire.ListResult:
+        # sessions Qwen Code recorded meanwhile appear too (only changed files are rescanned)
+        await self.index.sync(runtime_base_dir() / "projects")
         rows = await self.index.list(project=str(cwd) if cwd else None)
         out = [
             wire.SessionInfo(session_id=r["session_id"], cwd=r.get("cwd") or "",
