@@ -154,8 +154,10 @@ class SessionManager:
             torn = [t.line_no for t in state.torn]
             for t in state.torn:
                 warnings.append(f"skipped unreadable line {t.line_no} of {path.name}: {t.reason}")
+        s.git_snapshot = await self.instructions.git_snapshot(cwd)
         self.sessions[session_id] = s
-        sp = await self.instructions.system_prompt(cwd, model=p.model, env=env)
+        sp = await self.instructions.system_prompt(cwd, model=p.model, env=env,
+                                                   git_snapshot=s.git_snapshot)
         from qwenctxd.sessions.state import system_tokens
 
         sys_tok = system_tokens(sp.text, s.tools)

@@ -70,7 +70,8 @@ class TurnPipeline:
             for msg in new_msgs:
                 s.append(msg)
                 self.m.record(s, msg)
-            sp = await self.m.instructions.system_prompt(s.cwd, model=s.model, env=s.env)
+            sp = await self.m.instructions.system_prompt(s.cwd, model=s.model, env=s.env,
+                                                   git_snapshot=s.git_snapshot)
             sys_tok = system_tokens(sp.text, s.tools)
             await self._maybe_micro(s, events, sys_tok)
             await self._maybe_compress(s, events, sys_tok)
@@ -414,7 +415,8 @@ class TurnPipeline:
             if p.usage is not None:
                 usage = {"prompt_tokens": p.usage.prompt_tokens,
                          "completion_tokens": p.usage.completion_tokens}
-                sp = await self.m.instructions.system_prompt(s.cwd, model=s.model, env=s.env)
+                sp = await self.m.instructions.system_prompt(s.cwd, model=s.model, env=s.env,
+                                                   git_snapshot=s.git_snapshot)
                 s.set_anchor(p.usage.prompt_tokens, p.usage.completion_tokens,
                              system_tokens(sp.text, s.tools))
             self.m.record(s, msg, usage=usage)

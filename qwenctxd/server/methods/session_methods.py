@@ -30,7 +30,8 @@ def register(daemon: Daemon) -> None:
     async def compress(ctx: Connection, p: wire.CompressParams) -> wire.CompressResult:
         s = manager.get(p.session_id)
         async with s.lock:
-            sp = await manager.instructions.system_prompt(s.cwd, model=s.model, env=s.env)
+            sp = await manager.instructions.system_prompt(s.cwd, model=s.model, env=s.env,
+                                                   git_snapshot=s.git_snapshot)
             from qwenctxd.sessions.state import system_tokens
 
             sys_tok = system_tokens(sp.text, s.tools)
@@ -65,7 +66,8 @@ def register(daemon: Daemon) -> None:
 
         s = manager.get(p.session_id)
         async with s.lock:
-            sp = await manager.instructions.system_prompt(s.cwd, model=s.model, env=s.env)
+            sp = await manager.instructions.system_prompt(s.cwd, model=s.model, env=s.env,
+                                                   git_snapshot=s.git_snapshot)
             r = context_report(s, sp, s.tools)
         return wire.ContextResult(
             session_id=r.session_id, window_tokens=r.window_tokens,

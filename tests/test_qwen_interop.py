@@ -1,0 +1,146 @@
+"""Qwen Code 0.24 parity through the socket: the git snapshot's slot and lifetime, Qwen Code
+session files the daemon did not write (resume, recap input), and old OpenAI-shaped files."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import uuid
+from pathlib import Path
+
+from qwenctxd.testing.chat_validation import validate_chat_body
+from qwenctxd.testing.spawn import SpawnedDaemon
+
+GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@example.invalid"]
+
+
+def make_repo(root: Path) -> Path:
+    repo = root / "repo"
+    repo.mkdir(parents=True)
+    subprocess.run([*GIT, "init", "-q", "-b", "main"], cwd=repo, check=True)
+    (repo / "QWEN.md").write_text("be brief\n")
+    subprocess.run([*GIT, "add", "QWEN.md"], cwd=repo, check=True)
+    subprocess.run([*GIT, "commit", "-q", "-m", "first commit"], cwd=repo, check=True)
+    return repo
+
+
+def test_the_git_snapshot_sits_before_auto_memory_and_is_frozen_for_the_session(
+        daemon: SpawnedDaemon) -> None:
+    repo = make_repo(daemon.root)
+    (repo / "early.txt").write_text("x\n")
+    with daemon.client() as c:
+        sid = c.call("session.open", {"cwd": str(repo), "model": "m"})["session_id"]
+        first = c.call("session.turn", {"session_id": sid, "kind": "user", "text": "hi"})
+        (repo / "late.txt").write_text("y\n")
+        subprocess.run([*GIT, "add", "-A"], cwd=repo, check=True)
+        subprocess.run([*GIT, "commit", "-q", "-m", "second commit"], cwd=repo, check=True)
+        c.call("session.record_model", {"session_id": sid,
+                                        "message": {"role": "assistant", "content": "hello"}})
+        second = c.call("session.turn", {"session_id": sid, "kind": "user", "text": "more"})
+        other = c.call("session.open", {"cwd": str(repo), "model": "m"})["session_id"]
+        fresh = c.call("session.turn", {"session_id": other, "kind": "user", "text": "hi"})
+    system = first["system"]
+    assert second["system"] == system  # the prefix did not move mid-session
+    snapshot = system.index("```text\ngit: Current branch: main\ngit: Status:\n")
+    assert "git: ?? early.txt" in system and "late.txt" not in system
+    assert "untrusted repository data" in system[:snapshot]
+    assert system.index("--- End of Context from: QWEN.md ---") < snapshot
+    if "# auto memory" in system:  # the memory section comes after the snapshot
+        assert system.index("\n\n---\n\n# auto memory") > snapshot
+    # a session opened later takes its own snapshot
+    assert "git: " in fresh["system"] and "second commit" in fresh["system"]
+    assert "second commit" not in system
+
+
+def write_qwen_session(path: Path, sid: str, cwd: str) -> None:
+    """A session file as the Qwen Code CLI 0.24.4 writes it (shapes recorded from the real CLI)."""
+    base = {"sessionId": sid, "cwd": cwd, "version": "0.24.4", "gitBranch": "main"}
+    recs = [
+        {"type": "user", "provenance": "real_user",
+         "message": {"role": "user", "parts": [{"text": "look at notes.txt"}]}},
+        {"type": "system", "subtype": "ui_telemetry", "systemPayload": {"uiEvent": {}}},
+        {"type": "assistant", "model": "m", "message": {"role": "model", "parts": [
+            {"text": "thinking about it", "thought": True},
+            {"functionCall": {"id": "call_1", "name": "read_file",
+                              "args": {"file_path": "/w/notes.txt"}}}]},
+         "usageMetadata": {"promptTokenCount": 1000, "candidatesTokenCount": 35,
+                           "thoughtsTokenCount": 5, "totalTokenCount": 1040}},
+        {"type": "tool_result", "message": {"role": "user", "parts": [
+            {"functionResponse": {"id": "call_1", "name": "read_file",
+                                  "response": {"output": "banana\n"}}}]}},
+        {"type": "assistant", "model": "m", "message": {"role": "model", "parts": [
+            {"text": "It says banana."}]},
+         "usageMetadata": {"promptTokenCount": 1100, "candidatesTokenCount": 10,
+                           "totalTokenCount": 1110}},
+        {"type": "user", "message": {"role": "user", "parts": [
+            {"text": "<system-reminder>\nsecret reminder text\n</system-reminder>"},
+            {"text": "thanks"},
+            {"inlineData": {"mimeType": "image/png", "data": "iVBORw0KGgo="}}]}},
+        {"type": "assistant", "model": "m", "message": {"role": "model", "parts": [
+            {"text": "You are welcome."}]}},
+    ]
+    parent = None
+    lines = []
+    for i, r in enumerate(recs):
+        u = str(uuid.uuid4())
+        lines.append(json.dumps({"uuid": u, "parentUuid": parent,
+                                 "timestamp": f"2026-01-01T00:00:0{i}.000Z", **base, **r}))
+        parent = u
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_the_daemon_resumes_a_qwen_code_session_as_valid_chat_messages(
+        daemon: SpawnedDaemon) -> None:
+    proj = daemon.root / "w"
+    proj.mkdir()
+    sid = str(uuid.uuid4())
+    slug = "".join(ch if ch.isalnum() else "-" for ch in str(proj))
+    write_qwen_session(daemon.home / ".qwen" / "projects" / slug / "chats" / f"{sid}.jsonl",
+                       sid, str(proj))
+    with daemon.client() as c:
+        listed = c.call("session.list", {"cwd": str(proj)})["sessions"]
+        opened = c.call("session.open", {"cwd": str(proj), "model": "m", "session_id": sid,
+                                         "resume": True})
+        turn = c.call("session.turn", {"session_id": sid, "kind": "user", "text": "next"})
+    assert [s["session_id"] for s in listed] == [sid] and listed[0]["messages"] == 6
+    assert opened["resumed"] and opened["messages"] == 6
+    # the token count is anchored on the last usageMetadata (prompt + candidates)
+    assert opened["prompt_tokens"] >= 1110
+    msgs = turn["messages"]
+    assert [m["role"] for m in msgs] == ["user", "assistant", "tool", "assistant", "user",
+                                         "assistant", "user"]
+    assert msgs[0]["content"] == "look at notes.txt"
+    assert msgs[1]["tool_calls"] == [{"id": "call_1", "type": "function", "function": {
+        "name": "read_file", "arguments": '{"file_path":"/w/notes.txt"}'}}]
+    assert msgs[2] == {"role": "tool", "tool_call_id": "call_1", "content": "banana\n"}
+    assert msgs[4]["content"][2] == {"type": "image_url",
+                                     "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
+    body = {"model": "m", "messages": [{"role": "system", "content": turn["system"]}, *msgs]}
+    assert validate_chat_body(body) == []
+
+
+def test_an_old_openai_shaped_session_file_still_resumes(daemon: SpawnedDaemon) -> None:
+    proj = daemon.root / "old"
+    proj.mkdir()
+    sid = str(uuid.uuid4())
+    slug = "".join(ch if ch.isalnum() else "-" for ch in str(proj))
+    path = daemon.home / ".qwen" / "projects" / slug / "chats" / f"{sid}.jsonl"
+    path.parent.mkdir(parents=True)
+    rows = [
+        {"type": "user", "message": {"role": "user", "content": "old question"}},
+        {"type": "assistant", "message": {"role": "assistant", "content": "old answer"},
+         "usage": {"prompt_tokens": 50, "completion_tokens": 5}},
+    ]
+    path.write_text("".join(json.dumps({"uuid": str(uuid.uuid4()), "sessionId": sid,
+                                        "timestamp": "2025-01-01T00:00:00.000Z",
+                                        "cwd": str(proj), **r}) + "\n" for r in rows))
+    with daemon.client() as c:
+        c.call("session.open", {"cwd": str(proj), "model": "m", "session_id": sid,
+                                "resume": True})
+        turn = c.call("session.turn", {"session_id": sid, "kind": "user", "text": "new"})
+    assert turn["messages"][:2] == [{"role": "user", "content": "old question"},
+                                    {"role": "assistant", "content": "old answer"}]
+    # what the daemon appended is in Qwen Code's format
+    last = json.loads(path.read_text().splitlines()[-1])
+    assert last["message"]["role"] == "user" and "parts" in last["message"]
