@@ -9,6 +9,7 @@ import uuid
 from pathlib import Path
 
 from qwenctxd.testing.chat_validation import validate_chat_body
+from qwenctxd.testing.openai_stub import Reply, ScriptedOpenAI
 from qwenctxd.testing.spawn import SpawnedDaemon
 
 GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@example.invalid"]
@@ -144,3 +145,25 @@ def test_an_old_openai_shaped_session_file_still_resumes(daemon: SpawnedDaemon) 
     # what the daemon appended is in Qwen Code's format
     last = json.loads(path.read_text().splitlines()[-1])
     assert last["message"]["role"] == "user" and "parts" in last["message"]
+
+
+def test_the_daemon_reaches_the_model_named_in_qwen_codes_dotenv(
+        spawn: type[SpawnedDaemon]) -> None:
+    with ScriptedOpenAI(default=Reply(content="<recap>We set up the model.</recap>")) as stub:
+        d = spawn()
+        (d.home / ".qwen").mkdir()
+        (d.home / ".qwen" / ".env").write_text(
+            f"OPENAI_BASE_URL={stub.base_url}\nOPENAI_API_KEY=sk-dotenv\nOPENAI_MODEL=m-dotenv\n")
+        d.start()
+        proj = d.root / "p"
+        proj.mkdir()
+        with d.client() as c:
+            sid = c.call("session.open", {"cwd": str(proj), "model": "m"})["session_id"]
+            c.call("session.turn", {"session_id": sid, "kind": "user", "text": "set it up"})
+            c.call("session.record_model", {"session_id": sid, "message": {
+                "role": "assistant", "content": "done"}})
+            recap = c.call("session.recap", {"session_id": sid})
+        assert recap["status"] == "ok" and recap["text"] == "We set up the model."
+        req = stub.chat_requests[-1]
+        assert req.headers.get("authorization") == "Bearer sk-dotenv"
+        assert req.body["model"] == "m-dotenv"
