@@ -167,3 +167,24 @@ def test_the_daemon_reaches_the_model_named_in_qwen_codes_dotenv(
         req = stub.chat_requests[-1]
         assert req.headers.get("authorization") == "Bearer sk-dotenv"
         assert req.body["model"] == "m-dotenv"
+
+
+def test_recap_of_a_qwen_code_session_leaves_its_system_reminders_out(
+        spawn: type[SpawnedDaemon]) -> None:
+    with ScriptedOpenAI(default=Reply(content="<recap>You read notes.txt.</recap>")) as stub:
+        d = spawn(env={"OPENAI_BASE_URL": stub.base_url, "OPENAI_API_KEY": "k",
+                       "OPENAI_MODEL": "m"}).start()
+        proj = d.root / "w"
+        proj.mkdir()
+        sid = str(uuid.uuid4())
+        slug = "".join(ch if ch.isalnum() else "-" for ch in str(proj))
+        write_qwen_session(d.home / ".qwen" / "projects" / slug / "chats" / f"{sid}.jsonl",
+                           sid, str(proj))
+        with d.client() as c:
+            c.call("session.open", {"cwd": str(proj), "model": "m", "session_id": sid,
+                                    "resume": True})
+            recap = c.call("session.recap", {"session_id": sid})
+        assert recap["status"] == "ok" and recap["text"] == "You read notes.txt."
+        sent = json.dumps([r.body for r in stub.chat_requests if "<recap>" in json.dumps(r.body)])
+        assert "look at notes.txt" in sent and "It says banana." in sent and "thanks" in sent
+        assert "secret reminder text" not in sent
