@@ -188,3 +188,28 @@ def test_recap_of_a_qwen_code_session_leaves_its_system_reminders_out(
         sent = json.dumps([r.body for r in stub.chat_requests if "<recap>" in json.dumps(r.body)])
         assert "look at notes.txt" in sent and "It says banana." in sent and "thanks" in sent
         assert "secret reminder text" not in sent
+
+
+def test_cleared_edit_and_write_file_results_are_reported_as_evicted_reads(
+        daemon: SpawnedDaemon) -> None:
+    proj = daemon.root / "e"
+    (proj / ".qwen").mkdir(parents=True)
+    (proj / ".git").mkdir()
+    (proj / ".qwen" / "settings.json").write_text(
+        json.dumps({"context": {"clearContextOnIdle": {"toolResultsNumToKeep": 1}}}))
+    big = "line of output\n" * 400
+    with daemon.client() as c:
+        sid = c.call("session.open", {"cwd": str(proj), "model": "m"})["session_id"]
+        c.call("session.turn", {"session_id": sid, "kind": "user", "text": "change things"})
+        for i, (tool, path) in enumerate([("write_file", "/e/new.py"), ("edit", "/e/old.py"),
+                                          ("read_file", "/e/last.py")]):
+            c.call("session.record_model", {"session_id": sid, "message": {
+                "role": "assistant", "content": "", "tool_calls": [{
+                    "id": f"c{i}", "type": "function", "function": {
+                        "name": tool, "arguments": json.dumps({"file_path": path})}}]}})
+            c.call("session.turn", {"session_id": sid, "kind": "tool_results", "tool_results": [
+                {"tool_call_id": f"c{i}", "content": big}]})
+        r = c.call("session.compress", {"session_id": sid, "mode": "fast"})
+    [ev] = [e for e in r["events"] if e["type"] == "micro_compacted"]
+    assert ev["cleared"]["tool"] == 2
+    assert ev["evicted_read_paths"] == ["/e/new.py", "/e/old.py"]
