@@ -213,3 +213,49 @@ def test_cleared_edit_and_write_file_results_are_reported_as_evicted_reads(
     [ev] = [e for e in r["events"] if e["type"] == "micro_compacted"]
     assert ev["cleared"]["tool"] == 2
     assert ev["evicted_read_paths"] == ["/e/new.py", "/e/old.py"]
+
+
+SUMMARY = ("<analysis>walked through it</analysis>\n<state_snapshot>\n<primary_request_and_intent>"
+           "tidy the module and keep the tests green</primary_request_and_intent>\n<next_step>"
+           "run the tests again</next_step>\n</state_snapshot>")
+
+
+def _compress_after_a_read_and_an_image(d: SpawnedDaemon, proj: Path) -> list[dict]:
+    with d.client() as c:
+        sid = c.call("session.open", {"cwd": str(proj), "model": "m"})["session_id"]
+        c.call("session.turn", {"session_id": sid, "kind": "user", "text": "look",
+                                "images": [{"type": "image_url", "image_url": {"url": PNG}}]})
+        c.call("session.record_model", {"session_id": sid, "message": {
+            "role": "assistant", "content": "", "tool_calls": [{
+                "id": "r1", "type": "function", "function": {
+                    "name": "read_file",
+                    "arguments": json.dumps({"file_path": str(proj / "mod.py")})}}]}})
+        c.call("session.turn", {"session_id": sid, "kind": "tool_results", "tool_results": [
+            {"tool_call_id": "r1", "content": "def f():\n    return 1\n" * 40}]})
+        c.call("session.record_model", {"session_id": sid, "message": {
+            "role": "assistant", "content": "It defines f. " * 50}})
+        r = c.call("session.compress", {"session_id": sid})
+        assert r["status"] == "compressed", r
+        return c.call("session.turn", {"session_id": sid, "kind": "user", "text": "go"})[
+            "messages"]
+
+
+PNG = "data:image/png;base64," + "iVBORw0KGgo" * 30
+
+
+def test_max_recent_files_and_images_to_retain_are_honoured(spawn: type[SpawnedDaemon]) -> None:
+    with ScriptedOpenAI(default=Reply(content=SUMMARY)) as stub:
+        d = spawn(env={"OPENAI_BASE_URL": stub.base_url, "OPENAI_API_KEY": "k",
+                       "OPENAI_MODEL": "m"}).start()
+        default_proj, zero_proj = d.root / "dflt", d.root / "zero"
+        for proj in (default_proj, zero_proj):
+            (proj / ".git").mkdir(parents=True)
+            (proj / "mod.py").write_text("def f():\n    return 1\n")
+        (zero_proj / ".qwen").mkdir()
+        (zero_proj / ".qwen" / "settings.json").write_text(json.dumps({"model": {
+            "chatCompression": {"maxRecentFilesToRetain": 0, "maxRecentImagesToRetain": 0}}}))
+        restored = json.dumps(_compress_after_a_read_and_an_image(d, default_proj))
+        bare = json.dumps(_compress_after_a_read_and_an_image(d, zero_proj))
+    assert "mod.py" in restored and PNG in restored  # defaults: 5 files, 3 images
+    assert "tidy the module" in bare
+    assert "mod.py" not in bare and PNG not in bare  # 0/0: no attachment at all

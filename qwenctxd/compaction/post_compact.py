@@ -341,8 +341,13 @@ async def compress(
     post_hook: PostHook | None = None,
     fast: bool = True,
     timeout_s: float = 120,
+    max_files: int = 5,
+    max_images: int = 3,
 ) -> CompressionResult:
     """One full compression of ``history`` (never raises for model or hook failures).
+
+    ``max_files`` / ``max_images`` (``model.chatCompression.maxRecentFilesToRetain`` /
+    ``maxRecentImagesToRetain``) bound the restored attachments; 0 restores none.
 
     ``noop`` for fewer than 2 messages. A trailing assistant message with tool calls is dropped
     for ``manual`` and kept as pending for ``auto``. ``pre_hook()`` may add instructions;
@@ -380,6 +385,8 @@ async def compress(
         workspace_root=workspace_root,
         plan_reminder=plan_reminder,
         pending_tool_call=pending,
+        max_files=max_files,
+        max_images=max_images,
     )
     tokens_after = estimate_history(new_history)
     if tokens_after >= tokens_before:

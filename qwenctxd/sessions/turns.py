@@ -327,6 +327,8 @@ class TurnPipeline:
             estimate_history=lambda h: history_tokens(h, image_tokens=s.image_tokens),
             pre_hook=pre_hook if hook_cfg.get("PreCompact") else None,
             post_hook=post_hook if hook_cfg.get("PostCompact") else None,
+            max_files=settings.model.chat_compression.max_recent_files_to_retain,
+            max_images=settings.model.chat_compression.max_recent_images_to_retain,
         )
         events: list[dict[str, Any]] = list(result.hook_events)
         if result.status == "compressed":
