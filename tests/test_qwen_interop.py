@@ -259,3 +259,33 @@ def test_max_recent_files_and_images_to_retain_are_honoured(spawn: type[SpawnedD
     assert "mod.py" in restored and PNG in restored  # defaults: 5 files, 3 images
     assert "tidy the module" in bare
     assert "mod.py" not in bare and PNG not in bare  # 0/0: no attachment at all
+
+
+def test_the_first_user_message_carries_the_environment_once(daemon: SpawnedDaemon) -> None:
+    from datetime import datetime
+
+    from qwenctxd.sessions.environment import date_in_words
+
+    proj = make_repo(daemon.root)
+    (proj / "src").mkdir()
+    for i in range(30):
+        (proj / "src" / f"m{i:02}.py").write_text("")
+    with daemon.client() as c:
+        sid = c.call("session.open", {"cwd": str(proj), "model": "m"})["session_id"]
+        first = c.call("session.turn", {"session_id": sid, "kind": "user", "text": "hi"})
+        c.call("session.record_model", {"session_id": sid,
+                                        "message": {"role": "assistant", "content": "hello"}})
+        second = c.call("session.turn", {"session_id": sid, "kind": "user", "text": "again"})
+    parts = first["messages"][0]["content"]
+    env = [p["text"] for p in parts if "Working directory:" in p["text"]]
+    assert len(env) == 1 and parts[-1] == {"type": "text", "text": "hi"}
+    text = env[0]
+    assert text.startswith("<system-reminder>\n") and text.endswith("</system-reminder>")
+    assert date_in_words(datetime.now().astimezone()) in text
+    assert f"Working directory: {proj}\n" in text and "Operating system: linux" in text
+    tree = text.split(f"{proj}/\n", 1)[1]
+    assert tree.startswith("├───QWEN.md\n├───.git/...\n└───src/\n    ├───m00.py")
+    assert sum(1 for line in tree.splitlines() if "───" in line) == 21  # 20 entries + "..."
+    # written once, into history: the next request repeats it byte for byte, adds no other
+    assert second["messages"][0] == first["messages"][0]
+    assert sum("Working directory:" in json.dumps(m) for m in second["messages"]) == 1

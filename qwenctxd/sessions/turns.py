@@ -25,6 +25,7 @@ from qwenctxd.protocol import errors
 from qwenctxd.protocol import session as wire
 from qwenctxd.protocol.instructions import prefix_hash
 from qwenctxd.sessions.content_parts import check_parts
+from qwenctxd.sessions.environment import environment_reminder
 from qwenctxd.sessions.manager import SessionManager
 from qwenctxd.sessions.state import Session, system_tokens
 from qwenctxd.sessions.titles import auto_title
@@ -47,6 +48,7 @@ class TurnPipeline:
         async with s.lock:
             events: list[dict[str, Any]] = []
             reminders: list[wire.Reminder] = []
+            first_turn = not s.messages and p.kind == "user"
             new_msgs = self._incoming(s, p, events)
             if p.kind == "user" and s.title is None and p.text:
                 title = auto_title(p.text)
@@ -58,6 +60,9 @@ class TurnPipeline:
             if p.kind == "user" and p.text:
                 self._start_prefetch(s, p.text, p.active_tools or [])
             reminders.extend(await self._skill_reminders(s, p.touched_paths or []))
+            if first_turn:  # date, OS, cwd, folder tree: once, into history (Qwen Code's order)
+                text = await anyio.to_thread.run_sync(environment_reminder, s.cwd)
+                reminders.append(wire.Reminder(kind="environment", text=text))
             reminders.extend(await self._rule_reminders(s, p.touched_paths or []))
             memory = await self._take_prefetch(s, wait=p.kind == "user")
             if memory is not None:
