@@ -155,3 +155,58 @@ def test_daemon_resumes_recaps_and_continues_a_session_qwen_recorded(world: Any)
     assert len(state["recaps"]) == 1
     recap_input = json.dumps(state["recaps"][0]["messages"])
     assert "read notes.txt please" in recap_input and "The file says banana." in recap_input
+
+
+def fenced_git(system: str) -> list[str]:
+    block = system.split("```text\n", 1)[1].split("\n```", 1)[0]
+    return block.splitlines()
+
+
+def test_prompt_structure_matches_what_the_cli_sends(world: Any) -> None:
+    d, stub, cli, proj, state = world
+    (proj / "QWEN.md").write_text("Project rule: be brief.\n")
+    (proj / ".qwen" / "rules").mkdir(parents=True)
+    (proj / ".qwen" / "rules" / "00-base.md").write_text("Always use tabs.\n")
+    skill = proj / ".qwen" / "skills" / "demo"
+    skill.mkdir(parents=True)
+    (skill / "SKILL.md").write_text(
+        "---\nname: demo\ndescription: Shows the user's \"demo\" flow\n---\nDo the demo.\n")
+    cli.run(prompt="hello")  # also writes ~/.qwen/output-language.md, as the CLI does
+    cli_main = next(r.body for r in stub.chat_requests if is_main(r.body))
+    cli_system = cli_main["messages"][0]["content"]
+    cli_first = texts(cli_main["messages"][1])
+    assert (d.home / ".qwen" / "output-language.md").is_file()
+
+    with d.client() as c:
+        sid = c.call("session.open", {"cwd": str(proj), "model": "scripted-model"})["session_id"]
+        turn = c.call("session.turn", {"session_id": sid, "kind": "user", "text": "hello"})
+    ours, ours_first = turn["system"], texts(turn["messages"][0])
+
+    rule = ("--- Rule from: .qwen/rules/00-base.md ---\nAlways use tabs.\n"
+            "--- End of Rule from: .qwen/rules/00-base.md ---")
+    assert rule in cli_system and rule in ours
+    lang_start = "--- Context from: ../home/.qwen/output-language.md ---"
+    lang_end = "--- End of Context from: ../home/.qwen/output-language.md ---"
+    for system in (cli_system, ours):
+        assert system.index("--- End of Context from: QWEN.md ---") < system.index(lang_start)
+        assert system.index(lang_end) < system.index(rule) < system.index("```text\ngit: ")
+        assert system.index("```text\ngit: ") < system.index("\n\n---\n\n# auto memory")
+    cli_lang = cli_system[cli_system.index(lang_start):cli_system.index(lang_end)]
+    assert cli_lang in ours  # the same file, the same markers
+    # the git snapshot: same fenced lines (branch, status, commits), untrusted-data preface
+    assert fenced_git(ours) == fenced_git(cli_system)
+    assert "git: Status:" in fenced_git(ours) and "git: ?? QWEN.md" in fenced_git(ours)
+    assert "untrusted repository data" in ours and "untrusted repository data" in cli_system
+    # the environment reminder: date in words, OS, cwd and the same folder tree
+    tree_of = lambda text: text.split(f"{proj}/\n", 1)[1].split("\n</system-reminder>", 1)[0]  # noqa: E731
+    cli_env = next(p for p in cli_first.split("\n</system-reminder>\n")
+                   if "folder structure" in p.lower())
+    ours_env = next(p for p in ours_first.split("\n</system-reminder>\n") if "Folder" in p)
+    assert tree_of(cli_env + "\n</system-reminder>") == tree_of(ours_env + "\n</system-reminder>")
+    today = cli_env.split("Today's date is ", 1)[1].split(".\n", 1)[0]
+    assert today in ours_env and str(proj) in ours_env and "linux" in ours_env
+    # the skill listing entry of a project skill, byte for byte
+    entry = ("<skill>\n<name>\ndemo\n</name>\n<description>\n"
+             "Shows the user&apos;s &quot;demo&quot; flow (project)\n</description>\n"
+             "<location>\nproject\n</location>\n</skill>")
+    assert entry in cli_first and entry in ours_first
