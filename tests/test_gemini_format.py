@@ -122,3 +122,18 @@ def test_round_trip_through_contents_is_lossless(history: list[dict[str, Any]]) 
     assert to_message_list(to_contents(history)) == history
     body = {"model": "m", "messages": to_message_list(per_record)}
     assert validate_chat_body(body) == []
+
+
+def test_display_text_hides_reminders_from_qwen_codes_session_list(tmp_path: Any) -> None:
+    from qwenctxd.sessions.records import JsonlWriter
+
+    path = tmp_path / "0b7f0f53-8a34-4d56-9f5a-6c1d8b0d9e01.jsonl"
+    with JsonlWriter(path, fsync="never") as w:
+        w.append_message("user", {"role": "user", "content": [
+            {"type": "text", "text": "<system-reminder>\nskills\n</system-reminder>"},
+            {"type": "text", "text": "fix the test"}]})
+        w.append_message("user", {"role": "user", "content": "plain"})
+    first, second = (json.loads(line) for line in path.read_text().splitlines())
+    assert first["systemPayload"] == {"displayText": "fix the test"}
+    assert len(first["message"]["parts"]) == 2  # the model still sees the reminder
+    assert "systemPayload" not in second

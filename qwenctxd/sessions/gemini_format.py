@@ -380,3 +380,17 @@ def learn_tool_names(messages: Iterable[dict[str, Any]], tool_names: dict[str, s
                 if isinstance(call, dict):
                     fn = call.get("function") or {}
                     tool_names[str(call.get("id") or "")] = str(fn.get("name") or UNKNOWN_TOOL)
+
+
+def display_text(msg: dict[str, Any]) -> str | None:
+    """The user's own words of a user message whose content also carries ``<system-reminder>``
+    parts, for the record's ``systemPayload.displayText`` (what Qwen Code shows as the prompt in
+    ``qwen sessions list`` and its UI); None when there is nothing to hide."""
+    content = msg.get("content")
+    if msg.get("role") != "user" or not isinstance(content, list):
+        return None
+    texts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
+    own = [t for t in texts if isinstance(t, str) and not t.lstrip().startswith("<system-reminder>")]
+    if len(own) == len(texts):
+        return None
+    return "\n".join(own)

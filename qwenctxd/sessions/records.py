@@ -276,6 +276,9 @@ class JsonlWriter:
         msg = record.message
         if msg is not None and not gemini_format.is_gemini_content(msg):
             out["message"] = gemini_format.to_content(msg, self.tool_names)
+            shown = gemini_format.display_text(msg)
+            if shown is not None and record.systemPayload is None:
+                out["systemPayload"] = {"displayText": shown}
             if record.provenance is None:
                 role = msg.get("role")
                 out["provenance"] = {"user": "real_user", "assistant": "assistant_output",

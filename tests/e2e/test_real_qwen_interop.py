@@ -93,7 +93,9 @@ def test_qwen_lists_and_resumes_a_session_the_daemon_recorded(world: Any) -> Non
 
     listed = cli.run("sessions", "list", "--json")
     rows = [json.loads(line) for line in listed.stdout.splitlines() if line.strip().startswith("{")]
-    assert sid in [r["sessionId"] for r in rows], listed.stdout
+    [row] = [r for r in rows if r["sessionId"] == sid]
+    assert row["prompt"] == "what is the secret?", row  # shown by its first words, not reminders
+    assert row["cwd"] == str(proj)
 
     before = len(stub.chat_requests)
     proc = cli.run("--resume", sid, prompt="and spell it backwards")
