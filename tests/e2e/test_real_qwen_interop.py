@@ -212,3 +212,31 @@ def test_prompt_structure_matches_what_the_cli_sends(world: Any) -> None:
              "Shows the user&apos;s &quot;demo&quot; flow (project)\n</description>\n"
              "<location>\nproject\n</location>\n</skill>")
     assert entry in cli_first and entry in ours_first
+
+
+SUMMARY = ("<analysis>notes</analysis>\n<state_snapshot>\n<primary_request_and_intent>"
+           "SUMMARY-MARK: find the secret word in notes.txt</primary_request_and_intent>\n"
+           "<next_step>report the word</next_step>\n</state_snapshot>")
+
+
+def test_qwen_resumes_from_the_daemons_compression_checkpoint(world: Any) -> None:
+    d, stub, cli, proj, state = world
+    with ScriptedOpenAI(default=Reply(content=SUMMARY)) as summarizer:
+        d.stop()
+        d.start(env={"OPENAI_BASE_URL": summarizer.base_url})
+        with d.client() as c:
+            sid = c.call("session.open", {"cwd": str(proj), "model": "scripted-model"})[
+                "session_id"]
+            c.call("session.turn", {"session_id": sid, "kind": "user",
+                                    "text": "EARLY-MARK " + "long question " * 200})
+            c.call("session.record_model", {"session_id": sid, "message": {
+                "role": "assistant", "content": "long answer " * 200}})
+            r = c.call("session.compress", {"session_id": sid})
+            assert r["status"] == "compressed", r
+            c.call("session.close", {"session_id": sid})
+    before = len(stub.chat_requests)
+    cli.run("--resume", sid, prompt="what now?")
+    main = next(r.body for r in stub.chat_requests[before:] if is_main(r.body))
+    sent = json.dumps(main["messages"])
+    assert "SUMMARY-MARK" in sent and "EARLY-MARK" not in sent
+    assert "what now?" in texts(main["messages"][-1])
