@@ -75,7 +75,7 @@ def test_scoped_writes_denials_index_audit_and_undo(spawn, tmp_path: Path) -> No
                                 "text": "remember: always tabs in Go"})
         rec = d.call("session.record_model", {"session_id": sid,
                                               "message": {"role": "assistant", "content": "ok"}})
-        assert rec == {"turn_complete": True, "scheduled": ["extract"]}
+        assert rec == {"turn_complete": True, "scheduled": ["extract"], "answered": []}
         assert d.call("daemon.drain", {"timeout_s": 20})["drained"]
         assert len(seen) == 2
         results = {m["tool_call_id"]: m["content"] for m in seen[1]["messages"]

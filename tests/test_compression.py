@@ -396,7 +396,9 @@ def test_images_newest_three_oldest_first(tmp_path: Path) -> None:
         "<state_snapshot>s</state_snapshot>", original_history=history, workspace_root=tmp_path
     )
     assert info.images == 3
-    parts = new[2]["content"]
+    # nothing current: the attachments ride in the summary message, the ack stays last
+    assert [m["role"] for m in new] == ["user", "assistant"]
+    parts = new[0]["content"]
     urls = [p["image_url"]["url"][-4:] for p in parts if p["type"] == "image_url"]
     assert urls == ["IMG3", "IMG4", "IMG5"]
     labels = [p["text"] for p in parts if p["type"] == "text" and p["text"].startswith("Image ")]
@@ -453,9 +455,10 @@ async def test_pending_tool_call_kept_for_auto(
 
 
 @pytest.mark.asyncio
-async def test_pending_tool_call_dropped_for_manual(
+async def test_pending_tool_call_kept_for_manual_too(
     strict_openai_stub: ScriptedOpenAI, tmp_path: Path
 ) -> None:
+    """C2: a manual compression while a call is pending keeps the call, so it can be answered."""
     history = _pending_history(tmp_path)  # config.toml does not exist: nothing to attach
     strict_openai_stub.push(Reply(content=REPLY))
     client = _client(strict_openai_stub)
@@ -467,11 +470,37 @@ async def test_pending_tool_call_dropped_for_manual(
     finally:
         await client.aclose()
     assert result.status == "compressed"
-    [req] = strict_openai_stub.requests
-    assert "p1" not in json.dumps(req.body["messages"])
     new = result.history
     assert [m["role"] for m in new] == ["user", "assistant"]
-    assert all("tool_calls" not in m for m in new)
+    assert new[-1]["tool_calls"] == history[-1]["tool_calls"]  # the ack carries the call
+    assert new[-1]["content"].startswith(ACK_TEXT)
+    assert problems(new, allow_pending_tail=True) == []
+
+
+@pytest.mark.asyncio
+async def test_current_input_survives_compression(
+    strict_openai_stub: ScriptedOpenAI, tmp_path: Path
+) -> None:
+    """C2: this turn's results (and the call they answer) stay verbatim after the summary, and
+    only the past goes into the summary request."""
+    (tmp_path / "config.toml").write_text("port = 8080\n")
+    history = [*_pending_history(tmp_path), _tool("p1", "CURRENT RESULT port = 8080")]
+    strict_openai_stub.push(Reply(content=REPLY))
+    client = _client(strict_openai_stub)
+    try:
+        result = await compress(
+            client, history, trigger="auto", workspace_root=tmp_path,
+            tokens_before=50_000, estimate_history=history_tokens,
+        )  # fmt: skip
+    finally:
+        await client.aclose()
+    assert result.status == "compressed"
+    [req] = strict_openai_stub.requests
+    assert "CURRENT RESULT" not in json.dumps(req.body["messages"])
+    new = result.history
+    assert [m["role"] for m in new] == ["user", "assistant", "user", "assistant", "tool"]
+    assert new[-1]["content"] == "CURRENT RESULT port = 8080"
+    assert new[-2]["tool_calls"] == history[-2]["tool_calls"]
     assert problems(new) == []
 
 

@@ -220,5 +220,5 @@ def test_busy_while_stopping(spawn) -> None:  # type: ignore[no-untyped-def]
         with pytest.raises(RemoteError) as exc:
             c.call("debug.sleep_task", {"seconds": 1})
         assert exc.value.code == -32005
-        assert c.call("daemon.status")["state"] == "stopping"
+        assert c.call("daemon.status")["state"] == "draining"
     assert d.wait_exit() == 0

@@ -162,13 +162,18 @@ SCENARIO = r"""
 
   -- two at once: they share one session.open
   local a, b
-  qc.assemble({ text = "first" }, function(err, p) a = { err = err, p = p } end)
+  qc.assemble({ text = "first", agent = { name = "NvimAgent" }, keep_reasoning = "none",
+    tools = { { type = "function", ["function"] = { name = "read_buffer", description = "read",
+      parameters = { type = "object", properties = { path = { type = "string" } } } } } } },
+    function(err, p) a = { err = err, p = p } end)
   qc.assemble({ text = "hello" }, function(err, p) b = { err = err, p = p } end)
   vim.wait(8000, function() return a ~= nil and b ~= nil end, 10)
   R.first = {
     same_session = a and b and a.p and b.p and a.p.session_id == b.p.session_id,
     marker = b and b.p and b.p.system:find(os.getenv("QT_MARKER"), 1, true) ~= nil,
     messages = b and b.p and #b.p.messages,
+    identity = b and b.p and b.p.system:sub(1, 16),
+    tools = b and b.p and #b.p.tools,
     session_id = b and b.p and b.p.session_id,
     err = (a and a.err and tostring(a.err)) or (b and b.err and tostring(b.err)) or nil,
   }
@@ -252,7 +257,9 @@ def test_assemble_commands_and_reconnect_after_restart(
     assert r["root"] == str(proj)
     first = r["first"]
     assert first.get("err") is None, first
-    assert first["same_session"] and first["marker"] and first["messages"] == 2
+    # the second turn joined the first, unanswered one (user_turn_merged): one user message
+    assert first["same_session"] and first["marker"] and first["messages"] == 1
+    assert first["identity"] == "You are NvimAgen" and first["tools"] == 2  # theirs + skill
     assert first["session_id"] == phase1["session_id"]
 
     # after the restart: reconnected, session resumed (same id), the history carried on

@@ -222,7 +222,8 @@ SUMMARY = ("<analysis>walked through it</analysis>\n<state_snapshot>\n<primary_r
 
 def _compress_after_a_read_and_an_image(d: SpawnedDaemon, proj: Path) -> list[dict]:
     with d.client() as c:
-        sid = c.call("session.open", {"cwd": str(proj), "model": "m"})["session_id"]
+        sid = c.call("session.open", {"cwd": str(proj), "model": "m", "tools": [READ_TOOL]})[
+            "session_id"]
         c.call("session.turn", {"session_id": sid, "kind": "user", "text": "look",
                                 "images": [{"type": "image_url", "image_url": {"url": PNG}}]})
         c.call("session.record_model", {"session_id": sid, "message": {
@@ -241,6 +242,8 @@ def _compress_after_a_read_and_an_image(d: SpawnedDaemon, proj: Path) -> list[di
 
 
 PNG = "data:image/png;base64," + "iVBORw0KGgo" * 30
+READ_TOOL = {"type": "function", "function": {"name": "read_file", "parameters": {
+    "type": "object", "properties": {"file_path": {"type": "string"}}}}}
 
 
 def test_max_recent_files_and_images_to_retain_are_honoured(spawn: type[SpawnedDaemon]) -> None:

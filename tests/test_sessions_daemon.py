@@ -167,7 +167,13 @@ def test_auto_compression_keeps_instructions_and_restores_edited_files(spawn, st
     d.call("session.record_model", {"session_id": sid, "message": post(stub, p)["choices"][0]["message"]})
     src.write_text("NEW content after the edit\n")
     stub.handler = agent_handler
-    p = _fill(d, stub, sid, 120_000)  # well past auto (28 000 tokens of a 40 000 window)
+    p = _fill(d, stub, sid, 60_000)
+    assert "compressed" not in [e["type"] for e in p["events"]]
+    d.call("session.record_model", {"session_id": sid, "message": post(stub, p)["choices"][0]["message"]})
+    p = _fill(d, stub, sid, 60_000)  # past auto (28 000 tokens of a 40 000 window)
+    # C2: this turn's result survives the compaction it caused, right after its call
+    assert p["messages"][-1]["role"] == "tool" and "x = 1  # filler" in p["messages"][-1]["content"]
+    assert p["messages"][-2]["tool_calls"][0]["id"] == p["messages"][-1]["tool_call_id"]
     kinds = [e["type"] for e in p["events"]]
     assert "compressed" in kinds, p["events"]
     ev = next(e for e in p["events"] if e["type"] == "compressed")

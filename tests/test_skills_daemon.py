@@ -126,7 +126,7 @@ def test_conditional_activation_is_delivered_as_a_delta(daemon: SpawnedDaemon) -
     p1 = daemon.call("session.turn", {"session_id": sid, "kind": "user", "text": "hi"})
     snapshot = next(r for r in p1["reminders"] if r["kind"] == "skills")["text"]
     assert "always" in snapshot and "ts-style" not in snapshot
-    assert any(t["function"]["name"] == "Skill" for t in p1["tools"])
+    assert any(t["function"]["name"] == "skill" for t in p1["tools"])
     assert "ts-style" not in str(p1["tools"]) and "always" not in str(p1["tools"])
     daemon.call("session.record_model", {"session_id": sid, "message": {"role": "assistant",
                                                                           "content": "ok"}})

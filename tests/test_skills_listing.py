@@ -135,7 +135,7 @@ def test_delta_removed_then_readded_is_available() -> None:
 
 def test_skill_tool_is_constant_and_names_no_skill() -> None:
     fn = SKILL_TOOL["function"]
-    assert SKILL_TOOL["type"] == "function" and fn["name"] == "Skill"
+    assert SKILL_TOOL["type"] == "function" and fn["name"] == "skill"
     params = fn["parameters"]
     assert params["required"] == ["skill"]
     assert set(params["properties"]) == {"skill", "args"}

@@ -15,11 +15,10 @@ from typing import Any, TypeVar
 
 import anyio
 import msgspec
-from anyio.streams.buffered import BufferedByteReceiveStream
 
 from qwenctxd.client.errors import ConnectionLost, DaemonUnreachable, RemoteError
 from qwenctxd.paths import socket_path
-from qwenctxd.protocol.framing import MAX_FRAME_BYTES, Framing, encode, parse_content_length
+from qwenctxd.protocol.framing import FrameDecoder, Framing, FramingError, encode
 
 T = TypeVar("T")
 _encoder = msgspec.json.Encoder()
@@ -64,21 +63,21 @@ class AsyncClient:
         self._notes_send.close()
         self._notes_recv.close()
 
-    async def _read_frame(self, reader: BufferedByteReceiveStream) -> bytes:
-        if self.framing is Framing.NDJSON:
-            while True:
-                line = await reader.receive_until(b"\n", MAX_FRAME_BYTES + 1)
-                if line.strip():
-                    return line
-        header = await reader.receive_until(b"\r\n\r\n", 8192)
-        return await reader.receive_exactly(parse_content_length(header.lstrip()))
+    async def _frames(self) -> AsyncIterator[bytes]:
+        """Frames from the daemon, cut by the shared ``FrameDecoder``."""
+        assert self._stream is not None
+        dec = FrameDecoder(self.framing)
+        while True:
+            frame = dec.next_frame()
+            if frame is not None:
+                yield frame
+                continue
+            dec.feed(await self._stream.receive())
 
     async def _reader(self) -> None:
-        assert self._stream is not None
-        reader = BufferedByteReceiveStream(self._stream)
         try:
-            while True:
-                msg = msgspec.json.decode(await self._read_frame(reader))
+            async for frame in self._frames():
+                msg = msgspec.json.decode(frame)
                 items = msg if isinstance(msg, list) else [msg]
                 for item in items:
                     if "method" in item and "id" not in item:
@@ -90,7 +89,7 @@ class AsyncClient:
                         self._replies[rid] = item
                         ev.set()
         except (anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError,
-                anyio.ClosedResourceError, ConnectionError):
+                anyio.ClosedResourceError, ConnectionError, FramingError):
             self._closed_reason = "daemon closed the connection"
         finally:
             for ev in self._pending.values():

@@ -15,7 +15,7 @@ import msgspec
 
 from qwenctxd.client.errors import ConnectionLost, DaemonUnreachable, RemoteError
 from qwenctxd.paths import socket_path
-from qwenctxd.protocol.framing import MAX_FRAME_BYTES, Framing, encode, parse_content_length
+from qwenctxd.protocol.framing import FrameDecoder, Framing, FramingError, encode
 
 T = TypeVar("T")
 _encoder = msgspec.json.Encoder()
@@ -34,7 +34,7 @@ class Client:
         self.path = socket_path(path)
         self.framing = framing
         self._ids = itertools.count(1)
-        self._buf = bytearray()
+        self._decoder = FrameDecoder(framing)
         self.notifications: list[dict[str, Any]] = []
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(timeout)
@@ -64,37 +64,20 @@ class Client:
     def send_raw(self, body: bytes) -> None:
         self._sock.sendall(encode(body, self.framing))
 
-    def _recv_more(self) -> None:
-        chunk = self._sock.recv(65536)
-        if not chunk:
-            raise ConnectionLost("daemon closed the connection")
-        self._buf += chunk
-
     def read_frame(self) -> bytes:
-        buf = self._buf
-        if self.framing is Framing.NDJSON:
-            while True:
-                idx = buf.find(b"\n")
-                if idx >= 0:
-                    line = bytes(buf[:idx])
-                    del buf[: idx + 1]
-                    if line.strip():
-                        return line
-                    continue
-                if len(buf) > MAX_FRAME_BYTES + 1:
-                    raise ConnectionLost("reply over the frame cap")
-                self._recv_more()
+        """The next frame from the daemon (cut by the shared ``FrameDecoder``)."""
+        dec = self._decoder
         while True:
-            idx = buf.find(b"\r\n\r\n")
-            if idx >= 0:
-                length = parse_content_length(bytes(buf[:idx]).lstrip())
-                start = idx + 4
-                while len(buf) < start + length:
-                    self._recv_more()
-                body = bytes(buf[start : start + length])
-                del buf[: start + length]
-                return body
-            self._recv_more()
+            try:
+                frame = dec.next_frame()
+            except FramingError as exc:
+                raise ConnectionLost(f"bad frame from the daemon: {exc}") from None
+            if frame is not None:
+                return frame
+            chunk = self._sock.recv(65536)
+            if not chunk:
+                raise ConnectionLost("daemon closed the connection")
+            dec.feed(chunk)
 
     # -- JSON-RPC ----------------------------------------------------------------------------
     def call(self, method: str, params: Any = None, *, type: type[T] | None = None) -> Any:

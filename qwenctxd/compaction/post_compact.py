@@ -1,14 +1,23 @@
 """The history after a full compression, and the orchestration of one compression.
 
-:func:`build_post_compact_history` turns a summary into the new head of the conversation::
+A compression summarises the *past* and keeps the *present*. :func:`split_current_input`
+cuts the history into the part to summarise, the pending tool-call message (an assistant
+message whose calls this turn's results answer, or whose results are still to come) and the
+current input (this turn's tool results and/or the user's words). Only the first part (plus
+the pending call, so the summary knows what was running) goes into the summary request.
+:func:`build_post_compact_history` then builds::
 
     user       summary + RESUME_TRAILER
-    assistant  ACK_TEXT                       (+ pending tool calls when nothing is attached)
-    user       one merged attachment message  (only when there is something to attach):
-               recently accessed files re-read from disk now, the newest images, plan reminder
-    assistant  the pending tool call          (auto compaction with attachments only)
+    assistant  ACK_TEXT
+    user       attachments: files re-read from disk now, the newest images, plan reminder
+    assistant  the pending tool call, verbatim
+    tool …     this turn's results (current input)
+    user       this turn's words / reminders (current input)
 
-so roles always alternate and the only tool call without a result is the trailing pending one.
+with the attachments folded so roles always alternate (protocol C1): without a pending call
+they ride in front of the current user message, or — with no current input at all — in the
+summary message; without attachments the ack carries the pending call itself. The last
+message is always the current input (C2), and a pending call can still be answered.
 :func:`compress` runs the whole thing: guards, PreCompact hook, the side query
 (:func:`qwenctxd.compaction.summary.summarize`), the new history, the inflation check and the
 PostCompact hook. A failure of any kind returns the original history object unchanged.
@@ -30,6 +39,7 @@ from qwenctxd.compaction.hooks import HookRun
 from qwenctxd.compaction.prompts import ACK_TEXT, RESUME_TRAILER
 from qwenctxd.compaction.summary import Trigger, strip_analysis, summarize
 from qwenctxd.fsutil import open_regular
+from qwenctxd.instructions.tool_roles import QWEN_FILE_TOOLS
 from qwenctxd.tokens import CHARS_PER_TOKEN, estimate_tokens
 
 if TYPE_CHECKING:
@@ -44,12 +54,16 @@ __all__ = [
     "is_binary",
     "pending_tool_call",
     "recent_file_paths",
+    "split_current_input",
 ]
 
 log = structlog.get_logger(__name__)
 
-FILE_TOOLS: Final = frozenset({"read_file", "write_file", "edit", "replace"})
+FILE_TOOLS: Final = QWEN_FILE_TOOLS
 _PATH_KEYS: Final = ("file_path", "path", "absolute_path")
+REASONING_KEYS: Final = ("reasoning_content", "reasoning", "thinking")
+#: file tool name → the parameter naming its file (``ToolRoles.file_params``)
+FileToolSet = Mapping[str, str]
 _BACKTICKS = re.compile(r"`+")
 SUMMARY_UNAVAILABLE: Final = "[Summary unavailable]"
 
@@ -97,10 +111,20 @@ def is_binary(head: bytes) -> bool:
     return bad / len(head) > 0.30
 
 
-def _call_path(call: Mapping[str, Any]) -> str | None:
+def _call_path(call: Mapping[str, Any], file_tools: FileToolSet | None) -> str | None:
     fn = call.get("function")
-    if not isinstance(fn, Mapping) or fn.get("name") not in FILE_TOOLS:
+    if not isinstance(fn, Mapping):
         return None
+    name = fn.get("name")
+    if file_tools is None:
+        if name not in FILE_TOOLS:
+            return None
+        keys: Sequence[str] = _PATH_KEYS
+    else:
+        key = file_tools.get(name) if isinstance(name, str) else None
+        if key is None:
+            return None
+        keys = (key,)
     args = fn.get("arguments")
     if isinstance(args, str):
         try:
@@ -109,21 +133,30 @@ def _call_path(call: Mapping[str, Any]) -> str | None:
             return None
     if not isinstance(args, Mapping):
         return None
-    for key in _PATH_KEYS:
+    for key in keys:
         value = args.get(key)
         if isinstance(value, str) and value.strip():
             return value.strip()
     return None
 
 
-def recent_file_paths(history: Sequence[Mapping[str, Any]]) -> list[str]:
-    """Paths named by file tool calls (read/write/edit/replace), newest first, deduplicated."""
+def recent_file_paths(
+    history: Sequence[Mapping[str, Any]],
+    file_tools: FileToolSet | None = None,
+    touched_paths: Sequence[str] = (),
+) -> list[str]:
+    """Paths the session used, newest first, deduplicated: ``touched_paths`` (oldest first, as
+    the client reported them) and the paths named by file tool calls (``file_tools``: tool name
+    → path parameter, from the declared tools; None: Qwen Code's read/write/edit/replace)."""
     seen: list[str] = []
+    for raw in reversed(list(touched_paths)):
+        if isinstance(raw, str) and raw.strip() and raw.strip() not in seen:
+            seen.append(raw.strip())
     for msg in reversed(history):
         if msg.get("role") != "assistant":
             continue
         for call in reversed(msg.get("tool_calls") or []):
-            path = _call_path(call) if isinstance(call, Mapping) else None
+            path = _call_path(call, file_tools) if isinstance(call, Mapping) else None
             if path and path not in seen:
                 seen.append(path)
     return seen
@@ -140,6 +173,8 @@ def _collect_files(
     max_files: int,
     per_file_tokens: int,
     token_budget: int,
+    file_tools: FileToolSet | None = None,
+    touched_paths: Sequence[str] = (),
 ) -> tuple[list[tuple[str, str]], list[str]]:
     """(embedded (path, text) pairs, referenced paths) for the newest usable files."""
     try:
@@ -151,7 +186,7 @@ def _collect_files(
     seen: set[Path] = set()
     used = 0
     byte_cap = per_file_tokens * CHARS_PER_TOKEN * 4  # more bytes than this: over the cap
-    for raw in recent_file_paths(history):
+    for raw in recent_file_paths(history, file_tools, touched_paths):
         if len(embedded) + len(referenced) >= max_files:
             break
         shown = os.path.normpath(os.path.join(base, os.path.expanduser(raw)))
@@ -260,42 +295,103 @@ def build_post_compact_history(
     max_images: int = 3,
     plan_reminder: str | None = None,
     pending_tool_call: Mapping[str, Any] | None = None,
+    current_input: Sequence[Mapping[str, Any]] = (),
+    file_tools: FileToolSet | None = None,
+    touched_paths: Sequence[str] = (),
 ) -> tuple[list[dict[str, Any]], AttachmentInfo]:
     """The compacted history for ``summary_text`` and what was attached (see module docs).
 
-    Files come from the newest file tool calls in ``original_history`` and are read from disk
-    now; a path must resolve inside ``workspace_root``; missing and binary files are skipped;
-    files over ``per_file_tokens`` or over the remaining ``token_budget`` are listed by path.
+    Files come from the newest file tool calls in ``original_history`` (tools classified by
+    ``file_tools``, Qwen Code's names when None) and from ``touched_paths``, and are read from
+    disk now; a path must resolve inside ``workspace_root``; missing and binary files are
+    skipped; files over ``per_file_tokens`` or over the remaining ``token_budget`` are listed by
+    path. ``pending_tool_call`` (an assistant message whose calls are not answered in the
+    summarised part) and ``current_input`` (this turn's tool results and/or user message) are
+    kept verbatim at the end, so the result keeps protocol C1/C2.
     """
     summary = strip_analysis(summary_text) or SUMMARY_UNAVAILABLE
     files, refs = _collect_files(
-        original_history, Path(workspace_root), max_files, per_file_tokens, token_budget
+        original_history, Path(workspace_root), max_files, per_file_tokens, token_budget,
+        file_tools, touched_paths,
     )
     images = _collect_images(original_history, max_images)
     parts = _attachment_parts(files, refs, images, plan_reminder)
+    head: dict[str, Any] = {"role": "user", "content": f"{summary}\n\n{RESUME_TRAILER}"}
     ack: dict[str, Any] = {"role": "assistant", "content": ACK_TEXT}
-    history: list[dict[str, Any]] = [
-        {"role": "user", "content": f"{summary}\n\n{RESUME_TRAILER}"},
-        ack,
-    ]
+    history: list[dict[str, Any]] = [head, ack]
+    current = [dict(m) for m in current_input]
     calls = list(pending_tool_call.get("tool_calls") or []) if pending_tool_call else []
-    if parts:
-        history.append({"role": "user", "content": _collapse(parts)})
-        if calls:
-            assert pending_tool_call is not None
-            pending = {"role": "assistant", "content": pending_tool_call.get("content")}
-            pending["tool_calls"] = [dict(c) for c in calls]
-            history.append(pending)
-    elif calls:
+    if calls:
         assert pending_tool_call is not None
-        own = pending_tool_call.get("content")
-        if isinstance(own, str) and own.strip():
-            ack["content"] = f"{ACK_TEXT}\n\n{own.strip()}"
-        ack["tool_calls"] = [dict(c) for c in calls]
+        pending = dict(pending_tool_call)
+        pending["tool_calls"] = [dict(c) for c in calls]
+        own = pending.get("content")
+        if own is None:
+            pending["content"] = ""
+        if parts:  # summary, ack, attachments, the pending call, its results
+            history.append({"role": "user", "content": _collapse(parts)})
+            history.append(pending)
+        else:  # no user message to put between ack and call: the ack carries the call
+            if isinstance(own, str) and own.strip():
+                ack["content"] = f"{ACK_TEXT}\n\n{own.strip()}"
+            ack["tool_calls"] = pending["tool_calls"]
+            for key in REASONING_KEYS:
+                if key in pending:
+                    ack[key] = pending[key]
+        history.extend(current)
+    elif current and current[0].get("role") == "user":
+        # the user's words of this turn: the attachments ride in front of them
+        if parts:
+            current[0]["content"] = _merge_parts(parts, current[0].get("content"))
+        history.extend(current)
+    else:
+        # nothing current (a manual compression between turns): the summary message carries
+        # the attachments, so the history still ends with the ack and the next turn alternates
+        if parts:
+            head["content"] = _merge_parts([{"type": "text", "text": head["content"]}, *parts],
+                                           None)
+        history.extend(current)
     info = AttachmentInfo(
         files_embedded=[p for p, _ in files], files_referenced=refs, images=len(images)
     )
     return history, info
+
+
+def _merge_parts(parts: list[dict[str, Any]], content: Any) -> str | list[dict[str, Any]]:
+    """``parts`` followed by ``content`` (a string or parts), as one message content."""
+    tail: list[dict[str, Any]] = []
+    if isinstance(content, str):
+        if content:
+            tail = [{"type": "text", "text": content}]
+    elif isinstance(content, list):
+        tail = list(content)
+    return _collapse([*parts, *tail])
+
+
+def split_current_input(
+    history: Sequence[Mapping[str, Any]],
+) -> tuple[list[Mapping[str, Any]], Mapping[str, Any] | None, list[Mapping[str, Any]]]:
+    """``(summarised part, pending tool-call message, current input)`` of a history.
+
+    The current input is the trailing user message and/or the tool results right before it
+    (or at the very end); the pending message is the assistant message those results answer,
+    or a trailing assistant message whose calls have no results yet. Neither is summarised
+    away: they are kept verbatim after the summary.
+    """
+    n = len(history)
+    i = n
+    if i and history[i - 1].get("role") == "user":
+        i -= 1
+    j = i
+    while j and history[j - 1].get("role") == "tool":
+        j -= 1
+    pending: Mapping[str, Any] | None = None
+    if j and history[j - 1].get("role") == "assistant" and history[j - 1].get("tool_calls"):
+        pending = history[j - 1]
+        return list(history[: j - 1]), pending, list(history[j:])
+    if j < i:  # tool results with no call before them (cannot be kept valid): summarise them
+        return list(history[:i]), None, list(history[i:])
+    return list(history[:i]), None, list(history[i:])
 
 
 # -- orchestration -------------------------------------------------------------------------------
@@ -341,6 +437,8 @@ async def compress(
     post_hook: PostHook | None = None,
     fast: bool = True,
     timeout_s: float = 120,
+    file_tools: FileToolSet | None = None,
+    touched_paths: Sequence[str] = (),
     max_files: int = 5,
     max_images: int = 3,
 ) -> CompressionResult:
@@ -349,8 +447,9 @@ async def compress(
     ``max_files`` / ``max_images`` (``model.chatCompression.maxRecentFilesToRetain`` /
     ``maxRecentImagesToRetain``) bound the restored attachments; 0 restores none.
 
-    ``noop`` for fewer than 2 messages. A trailing assistant message with tool calls is dropped
-    for ``manual`` and kept as pending for ``auto``. ``pre_hook()`` may add instructions;
+    ``noop`` when there is nothing before the current input to summarise. The pending tool-call
+    message and the current input (see :func:`split_current_input`) are kept after the summary
+    for both triggers. ``pre_hook()`` may add instructions;
     ``post_hook(summary)`` gets the analysis-stripped summary after a success. On a failed
     summary, or when ``estimate_history(new) >= tokens_before`` (``failed_inflated``), the
     original ``history`` object is returned unchanged with ``tokens_after == tokens_before``.
@@ -363,12 +462,10 @@ async def compress(
             tokens_after=tokens_before, summary=summary, hook_events=events, error=error,
         )  # fmt: skip
 
-    if len(history) < 2:
+    past, pending, current = split_current_input(history)
+    source = [*past, pending] if pending is not None else past
+    if len(source) < 2 and not (len(source) == 1 and current):
         return unchanged("noop", "history_too_short")
-    pending = pending_tool_call(history)
-    source = history
-    if pending is not None and trigger == "manual":
-        source, pending = history[:-1], None
     extra: str | None = None
     if pre_hook is not None:
         run = await _run_hook("PreCompact", pre_hook, events)
@@ -385,6 +482,9 @@ async def compress(
         workspace_root=workspace_root,
         plan_reminder=plan_reminder,
         pending_tool_call=pending,
+        current_input=current,
+        file_tools=file_tools,
+        touched_paths=touched_paths,
         max_files=max_files,
         max_images=max_images,
     )

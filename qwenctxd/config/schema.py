@@ -99,7 +99,8 @@ class DaemonSettings(msgspec.Struct, kw_only=True):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["auto", "json", "console"] = "auto"
     drain_timeout_s: PositiveFloat = 20.0
-    max_connections: PositiveInt = 256
+    max_connections: PositiveInt = 1024
+    first_frame_timeout_s: PositiveFloat = 10.0  # a new connection must send a frame by then
     max_frame_bytes: Annotated[int, Meta(ge=1024, le=16 * 1024 * 1024)] = 16 * 1024 * 1024
     uvloop: bool = True
 

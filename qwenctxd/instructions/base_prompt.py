@@ -2,7 +2,9 @@
 
 Each ``*_section`` function takes only the inputs it depends on and returns its markdown, or
 ``""`` when the section does not apply (the sandbox variant follows ``SANDBOX``, the git section
-appears only inside a repository, the examples follow the model name). :func:`base_sections`
+appears only inside a repository, the examples follow the model name and the declared tools,
+the task-management section needs a todo tool). The identity is the client's (``agent_name``)
+or a neutral coding assistant, never a product name (protocol C5). :func:`base_sections`
 lists the non-empty sections in their fixed order under stable names — the daemon reports a
 size per name — and :func:`build_base_prompt` joins them.
 
@@ -18,6 +20,7 @@ from dataclasses import dataclass
 from typing import Literal, TypeAlias
 
 from qwenctxd.instructions.tool_examples import STYLE_ENV, examples, select_style
+from qwenctxd.instructions.tool_roles import ToolRoles
 
 InteractionMode: TypeAlias = Literal["interactive", "headless", "acp"]
 
@@ -35,6 +38,10 @@ class BasePromptInputs:
     tool_call_style_env: str | None = None
     #: Replacement identity text (from ``QWEN_SYSTEM_IDENTITY_MD``), already loaded.
     identity_text: str | None = None
+    #: The session's declared tools, classified; None: Qwen Code's own tool set.
+    tools: ToolRoles | None = None
+    #: The client's name (``session.open {agent: {name}}``); None: a neutral identity.
+    agent_name: str | None = None
 
     @classmethod
     def from_environ(
@@ -79,12 +86,16 @@ _QUESTIONS: dict[InteractionMode, str] = {
 }
 
 
-def identity_section(mode: InteractionMode, identity_text: str | None = None) -> str:
-    """Who the agent is; a non-blank ``identity_text`` replaces the built-in sentence."""
+def identity_section(mode: InteractionMode, identity_text: str | None = None,
+                     agent_name: str | None = None) -> str:
+    """Who the agent is: the client's ``agent_name``, else a neutral coding assistant; a
+    non-blank ``identity_text`` replaces the built-in sentence."""
     if identity_text is not None and identity_text.strip():
         return identity_text.strip()
+    name = " ".join((agent_name or "").split())[:80]
+    who = f"You are {name}, {_ROLES[mode]}" if name else f"You are {_ROLES[mode]}"
     return (
-        f"You are Qwen Code, {_ROLES[mode]}. Your field is software engineering: you help the "
+        f"{who}. Your field is software engineering: you help the "
         "user read, change, build and debug their code with the tools available to you. Follow the "
         "guidance below, and prefer the user's explicit instructions whenever they conflict "
         "with it."
@@ -117,11 +128,13 @@ ask what they would prefer.
 plan before editing."""
 
 
-def task_management_section() -> str:
-    """When and how to use the todo list."""
-    return """# Task Management
+def task_management_section(todo_tool: str | None = "todo_write") -> str:
+    """When and how to use the todo list; "" without a todo tool."""
+    if not todo_tool:
+        return ""
+    return f"""# Task Management
 
-Use the `todo_write` tool to track work that has several steps or that will take more than a \
+Use the `{todo_tool}` tool to track work that has several steps or that will take more than a \
 few tool calls. Write the list before you start, keep exactly one item in progress, and mark \
 each item done as soon as it is done — not in batches at the end. Add items when you discover \
 new work. Skip the list for a single quick change or a plain question: it is there to keep \
@@ -160,8 +173,17 @@ the result builds and runs before you call it done. If a skill for creating appl
 available, use it."""
 
 
-def operational_guidelines_section(mode: InteractionMode) -> str:
-    """How to talk, stay safe and use the tools; the question policy follows the mode."""
+def operational_guidelines_section(mode: InteractionMode, *, background_param: str | None =
+                                   "is_background", help_text: str | None = None) -> str:
+    """How to talk, stay safe and use the tools; the question policy follows the mode. The
+    background hint names the shell tool's own switch (left out without one)."""
+    background = (
+        "- Start long-running processes (servers, watchers) in the background with "
+        f"`{background_param}: true`.\n" if background_param else
+        "- Start long-running processes (servers, watchers) in the background.\n")
+    help_line = help_text or (
+        "If the user asks how to get help or report a problem with this agent, point them to "
+        "their client's help and issue tracker.")
     return f"""# Operational Guidelines
 
 ## Communicating With the User
@@ -190,17 +212,14 @@ write code that exposes them.
 keep the shell for building, testing and running programs.
 - When calls do not depend on each other, make them together in one turn.
 - Use absolute paths in file tools; build them from the project root.
-- Start long-running processes (servers, watchers) in the background with \
-`is_background: true`.
-- Avoid commands that wait for input, such as editors, pagers or interactive prompts; use \
+{background}- Avoid commands that wait for input, such as editors, pagers or interactive prompts; use \
 non-interactive flags instead (`--yes`, `--no-pager`, `CI=1`).
 - For broad exploration that would take many searches, hand it to a search subagent if one \
 is available, and keep your own context for the task.
 - Questions: {_QUESTIONS[mode]}
 
 ## Interaction Details
-If the user asks how to get help or report a problem with this agent, point them to their \
-client's help; in Qwen Code that is `/help`, and `/bug` files a report."""
+{help_line}"""
 
 
 def sandbox_section(sandbox: str | None) -> str:
@@ -270,13 +289,18 @@ and the user have changed, `git log` and `git blame` for why code looks the way 
 and `git status` before assuming a file is clean."""
 
 
-def tool_call_examples_section(model: str | None, style_env: str | None) -> str:
-    """Worked examples of tool calls, in the syntax chosen for ``model``."""
+def tool_call_examples_section(model: str | None, style_env: str | None,
+                               tools: ToolRoles | None = None) -> str:
+    """Worked examples of tool calls, in the syntax chosen for ``model``, with the declared
+    tools (None: Qwen Code's); "" when no example fits them."""
     style = select_style(model, style_env)
+    body = examples(style, tools)
+    if not body:
+        return ""
     return (
         "# Examples\n\n"
         "These examples show the expected tone and how tool calls are written. "
-        "Paths and commands in them are illustrative.\n\n" + examples(style)
+        "Paths and commands in them are illustrative.\n\n" + body
     )
 
 
@@ -291,16 +315,46 @@ going until the request is fully handled or you genuinely need the user.
 Interaction mode reminder: {_QUESTIONS[mode]}"""
 
 
+def _todo_tool(i: BasePromptInputs) -> str | None:
+    if i.tools is None:
+        return "todo_write"
+    tool = i.tools.first("todo")
+    return tool.name if tool is not None else None
+
+
+def _background_param(i: BasePromptInputs) -> str | None:
+    if i.tools is None:
+        return "is_background"
+    shell = i.tools.first("shell")
+    if shell is None:
+        return None
+    return next((p for p in shell.params
+                 if p.lower() in ("is_background", "background", "run_in_background")), None)
+
+
+def _help_text(i: BasePromptInputs) -> str | None:
+    if i.tools is None or (i.agent_name or "").strip().lower() == "qwen code":
+        return ("If the user asks how to get help or report a problem with this agent, point "
+                "them to `/help`; `/bug` files a report.")
+    return None
+
+
+#: Sections that exist only for declared tools (left out, and reported as omitted, otherwise).
+TOOL_SECTIONS: tuple[str, ...] = ("task_management", "tool_call_examples")
+
+
 _SECTIONS: tuple[tuple[str, Callable[[BasePromptInputs], str]], ...] = (
-    ("identity", lambda i: identity_section(i.interaction_mode, i.identity_text)),
+    ("identity", lambda i: identity_section(i.interaction_mode, i.identity_text, i.agent_name)),
     ("core_mandates", lambda i: core_mandates_section()),
-    ("task_management", lambda i: task_management_section()),
+    ("task_management", lambda i: task_management_section(_todo_tool(i))),
     ("workflows", lambda i: workflows_section()),
-    ("operational_guidelines", lambda i: operational_guidelines_section(i.interaction_mode)),
+    ("operational_guidelines", lambda i: operational_guidelines_section(
+        i.interaction_mode, background_param=_background_param(i), help_text=_help_text(i))),
     ("sandbox", lambda i: sandbox_section(i.sandbox)),
     ("actions", lambda i: actions_section()),
     ("git", lambda i: git_section(i.in_git_repo)),
-    ("tool_call_examples", lambda i: tool_call_examples_section(i.model, i.tool_call_style_env)),
+    ("tool_call_examples", lambda i: tool_call_examples_section(
+        i.model, i.tool_call_style_env, i.tools)),
     ("final_reminder", lambda i: final_reminder_section(i.interaction_mode)),
 )
 
@@ -316,6 +370,12 @@ def base_sections(inputs: BasePromptInputs) -> list[tuple[str, str]]:
         if text:
             out.append((name, text))
     return out
+
+
+def omitted_sections(inputs: BasePromptInputs) -> list[str]:
+    """The tool sections left out because the session declared none of their tools."""
+    built = {name for name, _ in base_sections(inputs)}
+    return [name for name in TOOL_SECTIONS if name not in built]
 
 
 def build_base_prompt(inputs: BasePromptInputs) -> str:

@@ -26,6 +26,7 @@ from qwenctxd.config.schema import Settings
 from qwenctxd.instructions import assemble, base_prompt, discovery, gitinfo, system_md
 from qwenctxd.instructions.assemble import InstructionSet
 from qwenctxd.instructions.system_prompt import PROMPT_ENV_KEYS, compose
+from qwenctxd.instructions.tool_roles import ToolRoles
 from qwenctxd.protocol.instructions import prefix_hash
 from qwenctxd.tasks import TaskRegistry
 from qwenctxd.tokens import estimate_tokens
@@ -39,7 +40,9 @@ MemorySectionProvider = Callable[[Path | None, Path], str]
 @dataclass
 class SystemPrompt:
     text: str
-    sections: list[tuple[str, int, int]]  # name, chars, est_tokens
+    # name, chars, est_tokens; a base section left out (its tools are not declared) is listed
+    # after the others with 0 chars and 0 tokens
+    sections: list[tuple[str, int, int]]
     files: list[tuple[str, str]]  # path, type
     prefix_hash: str
     project_root: Path | None
@@ -268,16 +271,20 @@ class InstructionsService:
         append: str | None = None,
         interaction_mode: str = "interactive",
         env: Mapping[str, str] | None = None,
+        tool_roles: ToolRoles | None = None,
+        agent: str | None = None,
         git_snapshot: str | None = None,
     ) -> SystemPrompt:
-        """The system prompt for ``cwd``. ``git_snapshot`` (a session's, taken when it began,
-        see :meth:`git_snapshot`) replaces the project's current git section, so a session's
-        prompt prefix does not move when files change or commits land mid-conversation."""
+        """The system prompt for ``cwd``; the base follows the session's declared tools
+        (``tool_roles``; None: no tools declared) and the client's ``agent`` name (C5).
+        ``git_snapshot`` (a session's, taken when it began, see :meth:`git_snapshot`) replaces
+        the project's current git section, so a session's prompt prefix does not move when
+        files change or commits land mid-conversation."""
         merged = {k: self._environ[k] for k in PROMPT_ENV_KEYS if k in self._environ}
         if env:
             merged.update({k: v for k, v in env.items() if k in PROMPT_ENV_KEYS})
         env_key = tuple(sorted(merged.items()))
-        pkey = (cwd, model, append, interaction_mode, env_key, git_snapshot)
+        pkey = (cwd, model, append, interaction_mode, env_key, tool_roles, agent, git_snapshot)
         root_guess = self.project_root(cwd)
         if git_snapshot is not None:
             root_guess = None  # the session brought its own: no git query
@@ -309,16 +316,19 @@ class InstructionsService:
         if cached is not None and cached[0] == stamp:
             return cached[1]
         result = self._assemble(cwd, inst, git_section, model=model, append=append,
-                                interaction_mode=interaction_mode, env=merged)
+                                interaction_mode=interaction_mode, env=merged,
+                                tool_roles=tool_roles, agent=agent)
         if len(self._prompts) > 512:
             self._prompts.clear()
         self._prompts[pkey] = (stamp, result)
         return result
 
     def _assemble(self, cwd: Path, inst: InstructionSet, git_section: str, *, model: str | None,
-                  append: str | None, interaction_mode: str, env: dict[str, str]) -> SystemPrompt:
+                  append: str | None, interaction_mode: str, env: dict[str, str],
+                  tool_roles: ToolRoles | None = None, agent: str | None = None) -> SystemPrompt:
         home = self._home()
         override = system_md.load_system_md(env, cwd, home)
+        omitted: list[str] = []
         if override is not None:
             base = [("custom_system_md", override.strip())]
         else:
@@ -329,8 +339,11 @@ class InstructionsService:
                 interaction_mode=interaction_mode,  # type: ignore[arg-type]
                 tool_call_style_env=env.get("QWEN_CODE_TOOL_CALL_STYLE"),
                 identity_text=system_md.load_identity(env, home, cwd=cwd),
+                tools=tool_roles,
+                agent_name=agent,
             )
             base = base_prompt.base_sections(inputs)
+            omitted = base_prompt.omitted_sections(inputs)
             system_md.write_system_md(env, cwd, home, "\n\n".join(t for _, t in base).strip())
         memory = ""
         if self.memory_section is not None:
@@ -343,6 +356,7 @@ class InstructionsService:
         for name, chars in composed.sections:  # token estimate per section, CJK-aware
             sized.append((name, chars, estimate_tokens(text[offset:offset + chars])))
             offset += chars
+        sized.extend((name, 0, 0) for name in omitted)  # left out: no declared tool for them
         return SystemPrompt(
             text=text,
             sections=sized,

@@ -20,6 +20,8 @@ from typing import Literal, TypeAlias, get_args
 
 import structlog
 
+from qwenctxd.instructions.tool_roles import DeclaredTool, ToolRoles, classify
+
 log = structlog.get_logger(__name__)
 
 ToolCallStyle: TypeAlias = Literal["qwen-coder", "qwen-vl", "general", "gemma4"]
@@ -64,9 +66,11 @@ ArgValue: TypeAlias = str | bool | int
 
 @dataclass(frozen=True, slots=True)
 class _Call:
-    """One tool call: its name, its arguments in order, and a one-line gist for ``general``."""
+    """One tool call by role: its arguments by meaning (``path``, ``pattern``, ``command``,
+    ``background``, ``old``, ``new``), mapped to a declared tool's parameters when rendered,
+    and a one-line gist for ``general``."""
 
-    name: str
+    role: str
     args: tuple[tuple[str, ArgValue], ...]
     gist: str
 
@@ -76,77 +80,117 @@ _Step: TypeAlias = str | _Call
 _APP = "/home/dev/shop"
 
 # Each scenario is a short exchange: plain lines (``user:``/``model:`` turns or a bracketed
-# note on what a tool returned) and tool calls. The same scenarios render in every style.
+# note on what a tool returned) and tool calls. The same scenarios render in every style; a
+# scenario is shown only when the session declared a tool for every role it uses.
 _SCENARIOS: tuple[tuple[_Step, ...], ...] = (
     (
         "user: what's in the src folder?",
-        _Call("list_directory", (("path", f"{_APP}/src"),), f"'{_APP}/src'"),
+        _Call("list", (("path", f"{_APP}/src"),), f"'{_APP}/src'"),
     ),
     (
         "user: Where is the HTTP timeout set?",
         "model: I'll search for it.",
-        _Call("grep_search", (("pattern", r"timeout\s*="),), r"'timeout\s*='"),
+        _Call("search", (("pattern", r"timeout\s*="),), r"'timeout\s*='"),
         "(one match: src/http/client.py, line 12)",
-        _Call(
-            "read_file",
-            (("file_path", f"{_APP}/src/http/client.py"),),
-            f"'{_APP}/src/http/client.py'",
-        ),
+        _Call("read", (("path", f"{_APP}/src/http/client.py"),), f"'{_APP}/src/http/client.py'"),
         "model: In src/http/client.py, line 12: `timeout=30` (seconds), passed to every request.",
     ),
     (
         "user: start the dev server",
         "model: It keeps running, so I'll start it in the background.",
-        _Call(
-            "run_shell_command",
-            (("command", "npm run dev"), ("is_background", True)),
-            "'npm run dev' in the background",
-        ),
+        _Call("shell", (("command", "npm run dev"), ("background", True)),
+              "'npm run dev' in the background"),
     ),
     (
         "user: Rename fetch_user to load_user in src/users.py.",
         "model: First I'll read the file and look for other callers.",
-        _Call("read_file", (("file_path", f"{_APP}/src/users.py"),), f"'{_APP}/src/users.py'"),
-        _Call("grep_search", (("pattern", r"\bfetch_user\b"),), r"'\bfetch_user\b'"),
+        _Call("read", (("path", f"{_APP}/src/users.py"),), f"'{_APP}/src/users.py'"),
+        _Call("search", (("pattern", r"\bfetch_user\b"),), r"'\bfetch_user\b'"),
         "(callers in src/users.py and tests/test_users.py)",
         "model: Two files call it. Updating the definition first:",
         _Call(
             "edit",
             (
-                ("file_path", f"{_APP}/src/users.py"),
-                ("old_string", "def fetch_user(user_id):"),
-                ("new_string", "def load_user(user_id):"),
+                ("path", f"{_APP}/src/users.py"),
+                ("old", "def fetch_user(user_id):"),
+                ("new", "def load_user(user_id):"),
             ),
             f"'{_APP}/src/users.py' replacing 'def fetch_user(' with 'def load_user('",
         ),
         "(after updating the remaining call sites the same way)",
-        _Call("run_shell_command", (("command", "npm test"),), "'npm test'"),
+        _Call("shell", (("command", "npm test"),), "'npm test'"),
     ),
     (
         "user: delete the build folder",
         "model: This permanently removes build/ and everything in it.",
-        _Call(
-            "run_shell_command", (("command", f"rm -rf {_APP}/build"),), f"'rm -rf {_APP}/build'"
-        ),
+        _Call("shell", (("command", f"rm -rf {_APP}/build"),), f"'rm -rf {_APP}/build'"),
     ),
 )
 
+_MEANING_PARAMS: dict[str, tuple[str, ...]] = {
+    "pattern": ("pattern", "query", "regex", "search"),
+    "command": ("command", "cmd", "script"),
+    "background": ("is_background", "background", "run_in_background"),
+    "old": ("old_string", "old_str", "old_text", "search"),
+    "new": ("new_string", "new_str", "new_text", "replace"),
+}
 
-def _render_coder(call: _Call) -> str:
+#: Qwen Code's own tool set: the examples for a caller that names no tools
+QWEN_TOOLS: ToolRoles = classify([
+    {"function": {"name": n, "parameters": {"properties": dict.fromkeys(ps, {})}}}
+    for n, ps in (("list_directory", ("path",)), ("grep_search", ("pattern",)),
+                  ("read_file", ("file_path",)), ("run_shell_command", ("command", "is_background")),
+                  ("edit", ("file_path", "old_string", "new_string")))
+])
+
+
+@dataclass(frozen=True, slots=True)
+class _Bound:
+    """A call bound to a declared tool: its real name and parameter names."""
+
+    name: str
+    args: tuple[tuple[str, ArgValue], ...]
+    gist: str
+
+
+def _bind(call: _Call, tool: DeclaredTool) -> _Bound:
+    params = {p.lower(): p for p in tool.params}
+    args: list[tuple[str, ArgValue]] = []
+    if tool.role == "edit" and "command" in params:  # str_replace_editor-like tools
+        args.append((params["command"], "str_replace"))
+    for meaning, value in call.args:
+        if meaning == "path":
+            key = tool.path_param or next(iter(tool.params), None)
+        else:
+            key = next((params[k] for k in _MEANING_PARAMS[meaning] if k in params), None)
+        if key is None:
+            if meaning == "background":
+                continue  # the tool has no background switch: leave it out
+            key = next(iter(tool.params), meaning) if meaning == "command" else meaning
+        args.append((key, value))
+    return _Bound(name=tool.name, args=tuple(args), gist=call.gist)
+
+
+def scenario_roles() -> frozenset[str]:
+    """Every role some scenario uses."""
+    return frozenset(step.role for sc in _SCENARIOS for step in sc if isinstance(step, _Call))
+
+
+def _render_coder(call: _Bound) -> str:
     params = "".join(f"<parameter={k}>\n{_scalar(v)}\n</parameter>\n" for k, v in call.args)
     return f"<tool_call>\n<function={call.name}>\n{params}</function>\n</tool_call>"
 
 
-def _render_vl(call: _Call) -> str:
+def _render_vl(call: _Bound) -> str:
     body = json.dumps({"name": call.name, "arguments": dict(call.args)}, ensure_ascii=False)
     return f"<tool_call>\n{body}\n</tool_call>"
 
 
-def _render_general(call: _Call) -> str:
+def _render_general(call: _Bound) -> str:
     return f"[tool_call: {call.name} for {call.gist}]"
 
 
-def _render_gemma4(call: _Call) -> str:
+def _render_gemma4(call: _Bound) -> str:
     q = '<|"|>'
     args = ",".join(
         f"{k}:{q}{v}{q}" if isinstance(v, str) else f"{k}:{_scalar(v)}" for k, v in call.args
@@ -168,11 +212,23 @@ _RENDERERS = {
 }
 
 
-def examples(style: ToolCallStyle) -> str:
-    """All scenarios rendered in ``style``, each wrapped in ``<example>`` tags."""
+def examples(style: ToolCallStyle, tools: ToolRoles | None = None) -> str:
+    """The scenarios ``tools`` can play (None: Qwen Code's tool set) rendered in ``style``,
+    each wrapped in ``<example>`` tags, with the declared tools' names and parameters; "" when
+    no scenario fits the declared tools."""
     render = _RENDERERS[style]
+    roles = tools if tools is not None else QWEN_TOOLS
     blocks = []
     for scenario in _SCENARIOS:
-        lines = [step if isinstance(step, str) else render(step) for step in scenario]
-        blocks.append("<example>\n" + "\n".join(lines) + "\n</example>")
+        bound: list[str] = []
+        for step in scenario:
+            if isinstance(step, str):
+                bound.append(step)
+                continue
+            tool = roles.first(step.role)
+            if tool is None:
+                break
+            bound.append(render(_bind(step, tool)))
+        else:
+            blocks.append("<example>\n" + "\n".join(bound) + "\n</example>")
     return "\n\n".join(blocks)

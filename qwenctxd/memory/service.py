@@ -311,6 +311,14 @@ class MemoryService:
         res = secrets.check_write(path, content, is_team_path=lambda _p: is_team)
         return res.allowed, ("team" if is_team else scope), list(res.rules)
 
+    async def landed(self, cwd: Path, change: dict[str, Any]) -> None:
+        """A write made outside the watchers' path (``memory.save``): re-scan now and tell
+        subscribers, so the next recall already sees it."""
+        proj = await self.project(cwd)
+        await self._refresh(proj)
+        self._bus.publish("memory/changed", {"project": str(proj.key), "docs": len(proj.docs),
+                                             **change})
+
     # -- forget ---------------------------------------------------------------------------------------
     async def forget_candidates(self, cwd: Path, query: str, *, limit: int = FORGET_LIMIT
                                 ) -> list[tuple[store.MemoryDoc, str]]:

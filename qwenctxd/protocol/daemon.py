@@ -73,6 +73,14 @@ class ConfigStatus(msgspec.Struct, kw_only=True):
     last_error: str | None = None
 
 
+class LogStatus(msgspec.Struct, kw_only=True):
+    """The daemon's stderr log: lines dropped (pipe full or gone), lines waiting to be written."""
+
+    dropped: int = 0
+    buffered: int = 0
+    sink: str = "file"  # "file" (written inline) | "pipe" (a writer thread) | "dead"
+
+
 class StatusResult(msgspec.Struct, kw_only=True):
     version: str
     pid: int
@@ -91,6 +99,17 @@ class StatusResult(msgspec.Struct, kw_only=True):
     config: ConfigStatus | None = None
     inotify_watches: int = 0
     counters: dict[str, int] = msgspec.field(default_factory=dict)
+    log: LogStatus | None = None
+
+
+class CancelParams(msgspec.Struct, kw_only=True):
+    """``rpc.cancel`` / ``$/cancelRequest``: the id of an in-flight request on this connection."""
+
+    id: int | str
+
+
+class CancelResult(msgspec.Struct, kw_only=True):
+    cancelled: bool  # False: no request of that id was in flight (already answered, or unknown)
 
 
 class DrainParams(Params):

@@ -15,6 +15,7 @@ INVALID_REQUEST = -32600
 METHOD_NOT_FOUND = -32601
 INVALID_PARAMS = -32602
 INTERNAL_ERROR = -32603
+REQUEST_CANCELLED = -32800  # LSP's RequestCancelled
 
 # Domain codes (protocol.md, "Domain-specific error codes").
 SESSION_NOT_FOUND = -32001
@@ -79,6 +80,13 @@ class InternalError(QwenctxdError):
 
     code = INTERNAL_ERROR
     default_message = "Internal error"
+
+
+class RequestCancelled(QwenctxdError):
+    """The request was cancelled by ``$/cancelRequest`` or ``rpc.cancel`` before it finished."""
+
+    code = REQUEST_CANCELLED
+    default_message = "Request cancelled"
 
 
 class SessionNotFound(QwenctxdError):
@@ -155,6 +163,7 @@ ERROR_CLASSES: dict[int, type[QwenctxdError]] = {
         MethodNotFound,
         InvalidParams,
         InternalError,
+        RequestCancelled,
         SessionNotFound,
         ModelUnavailable,
         PathOutsideProject,

@@ -21,12 +21,18 @@ class PromptSystemParams(Params):
     # QWEN_SYSTEM_MD, QWEN_WRITE_SYSTEM_MD, QWEN_SYSTEM_IDENTITY_MD, QWEN_CODE_TOOL_CALL_STYLE);
     # values here win over the daemon's environment.
     env: dict[str, str] | None = None
+    # the tools and agent a session would declare (protocol C5); without ``tools`` the base
+    # prompt's examples use Qwen Code's tool set
+    tools: list[dict[str, Any]] | None = None
+    agent: dict[str, Any] | None = None
 
 
 class Section(msgspec.Struct, kw_only=True):
     name: str
     chars: int
     est_tokens: int
+    # a base-prompt section left out because the session declared none of its tools (C5)
+    omitted: bool = False
 
 
 class PromptFile(msgspec.Struct, kw_only=True):

@@ -140,3 +140,21 @@ class UndoResult(msgspec.Struct, kw_only=True):
 class DreamParams(Params):
     cwd: str
     force: bool = False
+
+
+MemoryTypeName = Literal["user", "feedback", "project", "reference"]
+
+
+class SaveParams(Params):
+    cwd: str
+    type: MemoryTypeName
+    name: str
+    description: str
+    body: str
+    scope: Scope = "project"
+
+
+class SaveResult(msgspec.Struct, kw_only=True):
+    path: str
+    scope: str
+    created: bool

@@ -11,6 +11,11 @@ from qwenctxd.protocol.daemon import Params
 Message = dict[str, Any]
 
 
+class AgentInfo(msgspec.Struct, kw_only=True):
+    name: str
+    version: str | None = None
+
+
 class OpenParams(Params):
     cwd: str
     model: str
@@ -23,6 +28,10 @@ class OpenParams(Params):
     # the client's environment variables that shape the system prompt (see prompt.system)
     env: dict[str, str] | None = None
     auto_compact_threshold: float | None = msgspec.field(default=None)
+    # who the client is: the base prompt's identity (protocol C5)
+    agent: AgentInfo | None = None
+    # which reasoning fields returned messages keep (protocol C4)
+    keep_reasoning: Literal["none", "current_turn", "all"] | None = None
 
 
 class OpenResult(msgspec.Struct, kw_only=True):
@@ -95,9 +104,27 @@ class RecordModelParams(Params):
     usage: ApiUsage | None = None
 
 
+class AnsweredCall(msgspec.Struct, kw_only=True):
+    tool_call_id: str
+    name: str
+    content: str
+
+
 class RecordModelResult(msgspec.Struct, kw_only=True):
     turn_complete: bool
     scheduled: list[str]
+    # calls the daemon answered itself (its own ``skill`` tool)
+    answered: list[AnsweredCall] = msgspec.field(default_factory=list)
+
+
+class RewindParams(Params):
+    session_id: str
+    turns: int = 1
+
+
+class RewindResult(msgspec.Struct, kw_only=True):
+    removed_messages: int
+    messages: int
 
 
 class CompressParams(Params):

@@ -1,16 +1,18 @@
 """The daemon: composes the shared services, owns the lifecycle, serves the socket.
 
-Start-up order: pid lock → socket (adopted or bound) → watchers and config reload → accept
-loop → READY=1. Shutdown (``daemon.shutdown``, SIGTERM or SIGINT) follows one path: STOPPING=1,
-stop accepting, new work answered with Busy, background jobs drained up to the deadline and
-the rest cancelled, replies in flight sent, socket and pid file removed, exit 0. A second
-signal exits at once.
+Start-up order: RLIMIT_NOFILE raised → pid lock → socket (adopted or bound) → watchers and
+config reload → accept loop → READY=1. Shutdown (``daemon.shutdown``, SIGTERM or SIGINT)
+follows one path: STOPPING=1, state ``draining`` (the socket still accepts: ``daemon.status``
+answers, new work gets Busy), background jobs drained up to the deadline with a progress line
+each second and the rest cancelled, replies in flight sent, then the listener closes, socket
+and pid file removed, exit 0. A second signal exits at once.
 """
 
 from __future__ import annotations
 
 import gc
 import os
+import resource
 import signal
 import socket
 import time
@@ -33,10 +35,12 @@ from qwenctxd.memory.service import MemoryService
 from qwenctxd.model import ModelClient
 from qwenctxd.paths import ensure_private_dir, pid_path, state_dir
 from qwenctxd.protocol import daemon as wire
+from qwenctxd.protocol import errors
+from qwenctxd.server import logging as daemon_logging
 from qwenctxd.server import systemd, transport
 from qwenctxd.server.background import Background
 from qwenctxd.server.connection import Connection
-from qwenctxd.server.dispatch import Dispatcher
+from qwenctxd.server.dispatch import Dispatcher, error_frame
 from qwenctxd.server.lock import PidLock
 from qwenctxd.sessions.manager import SessionManager
 from qwenctxd.sessions.turns import TurnPipeline
@@ -100,6 +104,7 @@ class Daemon:
         self.in_flight_requests = 0
         self._requests_idle = anyio.Event()
         self.connections = 0
+        self._fresh: dict[int, Connection] = {}  # connections yet to send their first frame
         self.counters: dict[str, int] = {}
         self._lock = PidLock(pid_path(socket_path))
         self._bound_here = False
@@ -131,7 +136,11 @@ class Daemon:
     # -- run ----------------------------------------------------------------------------------
     async def run(self) -> int:
         """Serve until shut down; the process exit code."""
-        ensure_private_dir(self.socket_path.parent) if self.activated_fd is None else None
+        raise_nofile_limit()
+        if self.activated_fd is None or not self.socket_path.parent.is_dir():
+            # socket activation passes the socket, but the pid lock beside it needs its dir
+            # (without XDG_RUNTIME_DIR that is /tmp/qwenctxd-UID, which may not exist yet)
+            ensure_private_dir(self.socket_path.parent)
         self._lock.acquire()
         try:
             return await self._serve()
@@ -198,7 +207,11 @@ class Daemon:
                 self._listener,
                 self._handle,
                 conns,
-                max_connections=self.settings.daemon.max_connections,
+                max_connections=lambda: self.settings.daemon.max_connections,
+                evict_idle=self._evict_idle,
+                busy_reply=error_frame(errors.Busy(
+                    "Too many connections",
+                    data={"limit": self.settings.daemon.max_connections})) + b"\n",
                 task_status=task_status,
             )
 
@@ -218,10 +231,26 @@ class Daemon:
 
     async def _handle(self, conn: transport.SocketConnection, peer_uid: int) -> None:
         self.connections += 1
+        connection = Connection(self, conn)
+        self._fresh[connection.id] = connection
         try:
-            await Connection(self, conn).serve(peer_uid)
+            await connection.serve(peer_uid)
         finally:
+            self._fresh.pop(connection.id, None)
             self.connections -= 1
+
+    def connection_active(self, connection: Connection) -> None:
+        """``connection`` sent its first frame: it is a client, no longer evictable."""
+        self._fresh.pop(connection.id, None)
+
+    def _evict_idle(self) -> bool:
+        """At the connection cap: close the oldest connection that never sent a frame."""
+        for conn_id, connection in self._fresh.items():
+            del self._fresh[conn_id]
+            log.info("connection cap reached; closing an idle new connection", conn_id=conn_id)
+            connection.close()
+            return True
+        return False
 
     # -- shutdown -----------------------------------------------------------------------------
     def request_shutdown(self, *, drain: bool = True, timeout_s: float | None = None) -> None:
@@ -231,20 +260,17 @@ class Daemon:
         self._shutdown_started = True
         self._drain_on_stop = drain
         self._stop_timeout = timeout_s
-        self.state = "stopping"
+        self.state = "draining"
         systemd.notify("STOPPING=1\nSTATUS=draining background work")
         log.info("shutting down", drain=drain)
         self._stop.set()
 
     async def _finish_shutdown(self) -> None:
-        if self._accept_scope is not None:
-            self._accept_scope.cancel()
-        if self._listener is not None:
-            self._listener.close()
+        """Drain (the socket still accepts: status answers ``draining``), then stop listening."""
         timeout = self._stop_timeout or self.settings.daemon.drain_timeout_s
         with anyio.CancelScope(shield=True):
             if self._drain_on_stop:
-                drained = await self.tasks.drain(timeout)
+                drained = await self._drain_with_progress(timeout)
                 if not drained:
                     log.warning("drain deadline passed; cancelling", pending=self.tasks.pending)
             self.tasks.close()
@@ -253,7 +279,33 @@ class Daemon:
             with anyio.move_on_after(2.0):
                 while self.in_flight_requests:
                     self._requests_idle = anyio.Event()
-                    await self._requests_idle.wait()
+                    with anyio.move_on_after(0.05):
+                        await self._requests_idle.wait()
+            self.state = "stopping"
+            if self._accept_scope is not None:
+                self._accept_scope.cancel()
+            if self._listener is not None:
+                self._listener.close()
+            log.info("shutdown: stopped listening", in_flight=self.in_flight_requests)
+
+    async def _drain_with_progress(self, deadline_s: float) -> bool:
+        """``tasks.drain(deadline_s)`` with one progress line a second on stderr."""
+        started = time.monotonic()
+        result: list[bool] = []
+
+        async def drain() -> None:
+            result.append(await self.tasks.drain(deadline_s))
+            progress.cancel_scope.cancel()
+
+        async with anyio.create_task_group() as progress:
+            progress.start_soon(drain)
+            while True:
+                pending = self.tasks.pending
+                kinds = sorted({r.kind for r in self.tasks.in_flight})
+                log.info("shutdown: draining", pending=pending, running=kinds,
+                         waited_s=round(time.monotonic() - started, 1), deadline_s=deadline_s)
+                await anyio.sleep(1.0)
+        return result[0] if result else False
 
     async def _signals(self) -> None:
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
@@ -378,10 +430,23 @@ class Daemon:
             ),
             inotify_watches=self.hub.inotify_watches(),
             counters=dict(self.counters),
+            log=wire.LogStatus(**daemon_logging.stats()),
         )
         for contribute in self.status_contributors:
             contribute(st)
         return st
+
+
+def raise_nofile_limit() -> None:
+    """Raise the soft RLIMIT_NOFILE to the hard limit (each connection holds a descriptor)."""
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if hard == resource.RLIM_INFINITY or soft < hard:
+            target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            log.debug("raised RLIMIT_NOFILE", soft=target, was=soft)
+    except (OSError, ValueError):
+        log.warning("could not raise RLIMIT_NOFILE", exc_info=True)
 
 
 def rss_bytes() -> int:

@@ -1,14 +1,18 @@
-"""One client connection: peer check, framing detection, the read → dispatch → reply loop.
+"""One client connection: peer check, frames in, one task per request, replies out.
 
-A connection speaks the framing its first non-blank byte chose (NDJSON or LSP Content-Length).
-Requests on one connection are answered in order; server notifications (after
-``daemon.subscribe``) are interleaved between replies, each message one transport write. Any failure of a
-connection — bad bytes, an oversized frame, a client that vanishes mid-request — ends that
-connection only.
+A connection speaks the framing its first non-blank byte chose (NDJSON or LSP Content-Length;
+``qwenctxd.protocol.framing`` cuts the frames). Each frame runs as its own task, so requests on
+one connection run concurrently and may be answered out of order; frames naming the same
+``session_id`` keep their arrival order (each waits for the previous one on that session).
+``$/cancelRequest`` and ``rpc.cancel`` cancel an in-flight request by id: its reply is -32800.
+Server notifications (after ``daemon.subscribe``) are interleaved; every message is one
+transport write. A connection that sends no complete frame within the first-frame deadline is
+closed. Any failure of a connection ends that connection only.
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import os
 from typing import TYPE_CHECKING, Any
@@ -19,7 +23,7 @@ import structlog
 
 from qwenctxd.events import Subscription
 from qwenctxd.protocol import errors, framing
-from qwenctxd.protocol.framing import Framing
+from qwenctxd.protocol.framing import FrameDecoder, Framing
 from qwenctxd.server.dispatch import error_frame
 from qwenctxd.server.transport import SocketConnection
 
@@ -29,6 +33,8 @@ if TYPE_CHECKING:
 log = structlog.get_logger("qwenctxd.conn")
 _conn_ids = itertools.count(1)
 _encoder = msgspec.json.Encoder()
+
+MAX_IN_FLIGHT = 64  # per connection; past it the connection stops reading (backpressure)
 
 
 class _Closed(Exception):
@@ -41,10 +47,23 @@ class Connection:
     def __init__(self, daemon: Daemon, conn: SocketConnection) -> None:
         self.daemon = daemon
         self.id = next(_conn_ids)
-        self.framing: Framing | None = None
         self.subscription: Subscription | None = None
+        self.got_first_frame = False
         self._io = conn
+        self._decoder = FrameDecoder(max_frame=daemon.max_frame_bytes)
         self._tg: anyio.abc.TaskGroup | None = None
+        self._running: dict[asyncio.Task[None], anyio.CancelScope] = {}
+        self._slot_freed: asyncio.Future[None] | None = None
+        self._in_flight: dict[Any, anyio.CancelScope] = {}
+        self._session_tail: dict[str, anyio.Event] = {}
+
+    @property
+    def framing(self) -> Framing | None:
+        return self._decoder.framing
+
+    def close(self) -> None:
+        """Close the socket (the read loop then ends)."""
+        self._io.close()
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def serve(self, peer_uid: int) -> None:
@@ -58,18 +77,41 @@ class Connection:
                     await self._loop()
                 except _Closed:
                     pass
+                finally:
+                    for scope in self._running.values():  # the client is gone
+                        scope.cancel()  # (through anyio: shields inside handlers hold)
+                    if self._running:
+                        await asyncio.wait(list(self._running))
                 tg.cancel_scope.cancel()
         finally:
             if self.subscription is not None:
                 self.daemon.bus.unsubscribe(self.subscription)
 
     async def _loop(self) -> None:
-        max_frame = self.daemon.max_frame_bytes
+        deadline = self.daemon.settings.daemon.first_frame_timeout_s
+        frame: bytes | None = None
+        with anyio.move_on_after(deadline) as first:
+            frame = await self._next_frame()
+        if first.cancelled_caught:
+            log.info("no frame before the deadline; closing", conn_id=self.id, after_s=deadline)
+            return
+        if frame is None:
+            return
+        self.got_first_frame = True
+        self.daemon.connection_active(self)
+        while frame is not None:
+            await self._admit(frame)
+            frame = await self._next_frame()
+        # the peer closed its side: let the requests it sent finish and answer
+        while self._running:
+            await asyncio.wait(list(self._running))
+
+    async def _next_frame(self) -> bytes | None:
+        """The next frame; None at end of stream. Framing errors get one reply, then close."""
+        dec = self._decoder
         while True:
             try:
-                frame = await self._read_frame(max_frame)
-            except (anyio.IncompleteRead, anyio.BrokenResourceError, ConnectionError):
-                return
+                frame = dec.next_frame()
             except framing.FrameTooLarge as exc:
                 log.warning("frame over the cap; closing", conn_id=self.id, limit=exc.limit)
                 err = errors.InvalidRequest(
@@ -77,61 +119,113 @@ class Connection:
                     data={"limit": exc.limit, "size": exc.size},
                 )
                 await self._send_raw(error_frame(err))
-                return
+                raise _Closed from None
             except framing.BadHeader as exc:
                 await self._send_raw(error_frame(errors.ParseError(f"Bad LSP header: {exc}")))
-                return
-            if frame is None:  # unknown framing
+                raise _Closed from None
+            except framing.UnknownFraming:
                 await self._send_raw(
                     error_frame(errors.ParseError("Unrecognised framing: expected JSON or "
                                                   "Content-Length header"))
                 )
-                return
+                raise _Closed from None
+            if frame is not None:
+                return frame
+            try:
+                data = await self._io.receive_some()
+            except (anyio.IncompleteRead, anyio.BrokenResourceError, ConnectionError, OSError):
+                return None
+            dec.feed(data)
+
+    # -- requests ----------------------------------------------------------------------------
+    async def _admit(self, frame: bytes) -> None:
+        """Decode one frame and start its task (waiting for a slot when MAX_IN_FLIGHT run)."""
+        try:
+            obj = framing.decode_json(frame)
+        except framing.NestingTooDeep as exc:
+            self.daemon.dispatcher.errors += 1
+            await self._send_raw(error_frame(errors.ParseError(
+                "Parse error: nesting too deep",
+                data={"message": str(exc), "limit": framing.MAX_NESTING})))
+            return
+        except (msgspec.DecodeError, RecursionError) as exc:
+            self.daemon.dispatcher.errors += 1
+            await self._send_raw(error_frame(errors.ParseError(data={"message": str(exc)})))
+            return
+        if isinstance(obj, dict) and obj.get("method") in self.daemon.dispatcher.inline:
+            # never waits (ping, status, cancel, …): answered in the read loop, no task
             self.daemon.request_started()
             try:
-                reply = await self.daemon.dispatcher.dispatch(frame, self)
-                if reply is not None:
-                    await self._send_raw(reply)
+                reply = await self.daemon.dispatcher.dispatch_obj(obj, self)
             finally:
                 self.daemon.request_finished()
+            if reply is not None:
+                await self._send_raw(reply)
+            return
+        while len(self._running) >= MAX_IN_FLIGHT:  # backpressure: stop reading
+            self._slot_freed = asyncio.get_running_loop().create_future()
+            await self._slot_freed
+        rid = obj.get("id") if isinstance(obj, dict) else None
+        if isinstance(rid, bool) or not isinstance(rid, (int, str)):
+            rid = None
+        # arrival order per session: wait for the previous frame on each named session
+        before: list[asyncio.Event] = []
+        mine: asyncio.Event | None = None
+        sessions = _sessions_named(obj)
+        if sessions:
+            mine = asyncio.Event()
+            for sid in sessions:
+                prev = self._session_tail.get(sid)
+                if prev is not None:
+                    before.append(prev)
+                self._session_tail[sid] = mine
+        scope = anyio.CancelScope()
+        if rid is not None:
+            self._in_flight[rid] = scope
+        self.daemon.request_started()
+        task = asyncio.get_running_loop().create_task(self._run(obj, rid, scope, before, mine))
+        self._running[task] = scope
+        task.add_done_callback(self._task_done)
 
-    # -- reading -----------------------------------------------------------------------------
-    async def _read_frame(self, max_frame: int) -> bytes | None:
-        reader = self._io
-        if self.framing is None:
-            first = await self._first_byte()
-            self.framing = framing.detect(first)
-            if self.framing is None:
-                return None
-        if self.framing is Framing.NDJSON:
-            while True:
-                try:
-                    line = await reader.receive_until(b"\n", max_frame + 1)
-                except anyio.DelimiterNotFound:
-                    raise framing.FrameTooLarge(None, max_frame) from None
-                if len(line) > max_frame:
-                    raise framing.FrameTooLarge(len(line), max_frame)
-                if line.strip():
-                    return line
-        while True:
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._running.pop(task, None)
+        waiter = self._slot_freed
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def _run(self, obj: Any, rid: Any, scope: anyio.CancelScope,
+                   before: list[asyncio.Event], mine: asyncio.Event | None) -> None:
+        reply: bytes | None = None
+        try:
+            with scope:
+                for ev in before:
+                    await ev.wait()
+                reply = await self.daemon.dispatcher.dispatch_obj(obj, self)
+            if scope.cancelled_caught and rid is not None:
+                log.info("request cancelled", conn_id=self.id, id=rid)
+                reply = error_frame(errors.RequestCancelled(data={"id": rid}), rid)
+        finally:
+            if mine is not None:
+                mine.set()
+                for sid, tail in list(self._session_tail.items()):
+                    if tail is mine:
+                        del self._session_tail[sid]
+            if rid is not None and self._in_flight.get(rid) is scope:
+                del self._in_flight[rid]
+            self.daemon.request_finished()
+        if reply is not None:
             try:
-                header = await reader.receive_until(b"\r\n\r\n", framing.MAX_HEADER_BYTES)
-            except anyio.DelimiterNotFound:
-                raise framing.BadHeader("header block over 8 KiB") from None
-            if header.strip():
-                break
-        length = framing.parse_content_length(header.lstrip())
-        if length > max_frame:
-            raise framing.FrameTooLarge(length, max_frame)
-        return await reader.receive_exactly(length)
+                await self._send_raw(reply)
+            except _Closed:
+                self.close()
 
-    async def _first_byte(self) -> int:
-        while True:
-            chunk = await self._io.receive_some()
-            stripped = chunk.lstrip(framing.WHITESPACE)
-            if stripped:
-                self._io.unread(stripped)
-                return stripped[0]
+    def cancel_request(self, rid: Any) -> bool:
+        """Cancel the in-flight request ``rid`` of this connection; False if none is."""
+        scope = self._in_flight.get(rid)
+        if scope is None:
+            return False
+        scope.cancel()
+        return True
 
     # -- writing -----------------------------------------------------------------------------
     async def _send_raw(self, body: bytes) -> None:
@@ -160,3 +254,17 @@ class Connection:
                 await self._send_raw(_encoder.encode(note))
             except _Closed:
                 return
+
+
+def _sessions_named(obj: Any) -> set[str]:
+    """The ``session_id`` values a request (or each member of a batch) names."""
+    members = obj if isinstance(obj, list) else (obj,)
+    out: set[str] = set()
+    for m in members:
+        if isinstance(m, dict):
+            params = m.get("params")
+            if isinstance(params, dict):
+                sid = params.get("session_id")
+                if isinstance(sid, str):
+                    out.add(sid)
+    return out

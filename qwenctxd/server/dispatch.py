@@ -27,13 +27,16 @@ from jsonrpcserver.response import to_serializable_one
 from jsonrpcserver.result import Error, Success
 from jsonrpcserver.sentinels import NOID
 
-from qwenctxd.protocol import errors
+from qwenctxd.protocol import errors, framing
 from qwenctxd.server import logging as daemon_logging
 
 log = structlog.get_logger("qwenctxd.rpc")
 
 P = TypeVar("P", bound=msgspec.Struct)
 Handler = Callable[[Any, Any], Awaitable[Any]]
+
+MAX_BATCH = 256  # members of one batch
+MAX_BATCH_REPLY_BYTES = 64 * 1024 * 1024  # serialized replies of one batch
 
 _encoder = msgspec.json.Encoder()
 _error_ids = itertools.count(1)
@@ -55,6 +58,7 @@ class MethodSpec(Generic[P]):
     handler: Handler
     allowed_while_stopping: bool = False
     quiet: bool = False  # logged at debug instead of info (liveness probes)
+    inline: bool = False  # the handler never awaits: run in the read loop, without a task
 
 
 def field_of(exc: msgspec.ValidationError) -> tuple[str, str, str]:
@@ -102,6 +106,7 @@ class Dispatcher:
     def __init__(self, *, is_stopping: Callable[[], bool] = lambda: False) -> None:
         self._methods: dict[str, Callable[..., Awaitable[Any]]] = {}
         self.specs: dict[str, MethodSpec[Any]] = {}
+        self.inline: set[str] = set()  # methods answered in the read loop (see MethodSpec)
         self._is_stopping = is_stopping
         self.requests = 0
         self.errors = 0
@@ -110,6 +115,8 @@ class Dispatcher:
         if spec.name in self._methods:
             raise ValueError(f"method {spec.name} registered twice")
         self.specs[spec.name] = spec
+        if spec.inline:
+            self.inline.add(spec.name)
         self._methods[spec.name] = self._wrap(spec)
 
     def _wrap(self, spec: MethodSpec[Any]) -> Callable[..., Awaitable[Any]]:
@@ -164,22 +171,51 @@ class Dispatcher:
     async def dispatch(self, frame: bytes, context: Any) -> bytes | None:
         """The serialized reply to ``frame``; None when nothing is to be sent back."""
         try:
-            obj = msgspec.json.decode(frame)
+            obj = framing.decode_json(frame)
+        except framing.NestingTooDeep as exc:
+            self.errors += 1
+            return _encode_error(errors.ParseError(
+                "Parse error: nesting too deep",
+                data={"message": str(exc), "limit": framing.MAX_NESTING}), None)
         except msgspec.DecodeError as exc:
             self.errors += 1
             return _encode_error(errors.ParseError(data={"message": str(exc)}), None)
+        return await self.dispatch_obj(obj, context)
+
+    async def dispatch_obj(self, obj: Any, context: Any) -> bytes | None:
+        """The serialized reply to a decoded frame (a request, a notification or a batch)."""
         if isinstance(obj, list):
-            if not obj:
-                self.errors += 1
-                return _encode_error(errors.InvalidRequest(data={"message": "empty batch"}), None)
-            replies = []
-            for member in obj:
-                reply = await self._one(member, context)
-                if reply is not None:
-                    replies.append(reply)
-            return _encoder.encode(replies) if replies else None
+            return await self._batch(obj, context)
         reply = await self._one(obj, context)
         return None if reply is None else _encoder.encode(reply)
+
+    async def _batch(self, members: list[Any], context: Any) -> bytes | None:
+        """Members run in order; past MAX_BATCH members or MAX_BATCH_REPLY_BYTES of replies the
+        whole batch gets one -32600 naming the limit (protocol.md "Resource bounds")."""
+        if not members:
+            self.errors += 1
+            return _encode_error(errors.InvalidRequest(data={"message": "empty batch"}), None)
+        if len(members) > MAX_BATCH:
+            self.errors += 1
+            return _encode_error(errors.InvalidRequest(
+                f"Batch too large (limit {MAX_BATCH} members)",
+                data={"limit": MAX_BATCH, "size": len(members)}), None)
+        encoded: list[bytes] = []
+        total = 2
+        for member in members:
+            reply = await self._one(member, context)
+            if reply is None:
+                continue
+            body = _encoder.encode(reply)
+            total += len(body) + 1
+            if total > MAX_BATCH_REPLY_BYTES:
+                self.errors += 1
+                encoded.clear()
+                return _encode_error(errors.InvalidRequest(
+                    f"Batch replies too large (limit {MAX_BATCH_REPLY_BYTES} bytes)",
+                    data={"limit": MAX_BATCH_REPLY_BYTES, "field": "batch"}), None)
+            encoded.append(body)
+        return b"[" + b",".join(encoded) + b"]" if encoded else None
 
     async def _one(self, obj: Any, context: Any) -> dict[str, Any] | None:
         self.requests += 1

@@ -60,7 +60,7 @@ def remove_stale_socket(path: Path) -> bool:
     return True
 
 
-def bind(path: Path, backlog: int = 512) -> socket.socket:
+def bind(path: Path, backlog: int = 4096) -> socket.socket:
     """A listening socket at ``path``, created 0600 (bound under umask 077: no window)."""
     remove_stale_socket(path)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
@@ -99,16 +99,21 @@ async def accept_loop(
     handler: Callable[[SocketConnection, int], Awaitable[None]],
     connections: anyio.abc.TaskGroup,
     *,
-    max_connections: int,
+    max_connections: Callable[[], int],
+    evict_idle: Callable[[], bool] = lambda: False,
+    busy_reply: bytes = b"",
     task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Accept until cancelled; ``handler(conn, peer_uid_ok)`` runs per connection in
-    ``connections``. Caps concurrent connections and backs off on EMFILE instead of spinning.
+    """Accept until cancelled; ``handler(conn, peer_uid)`` runs per connection in
+    ``connections``. Past ``max_connections()`` open connections, ``evict_idle()`` may close
+    one that never sent a frame; if none, the new connection gets ``busy_reply`` and is closed
+    (never queued: a full daemon answers at once). Backs off on EMFILE instead of spinning.
     """
     loop = asyncio.get_running_loop()
-    slots = anyio.Semaphore(max_connections)
+    active = 0
 
     async def run(sock: socket.socket) -> None:
+        nonlocal active
         conn: SocketConnection | None = None
         try:
             try:
@@ -124,24 +129,35 @@ async def accept_loop(
                 conn.close()
             else:
                 sock.close()
-            slots.release()
+            active -= 1
 
     task_status.started()
     while True:
-        await slots.acquire()
         try:
             sock, _ = await loop.sock_accept(listening)
         except OSError as exc:
-            slots.release()
             if exc.errno in ACCEPT_CAPACITY_ERRNOS:
                 log.warning("accept: out of resources; backing off", errno=exc.errno)
                 await anyio.sleep(0.1)
                 continue
             raise
-        except BaseException:
-            slots.release()
-            raise
+        if active >= max_connections() and not evict_idle():
+            refuse(sock, busy_reply)
+            continue
+        active += 1
         connections.start_soon(run, sock)
+
+
+def refuse(sock: socket.socket, reply: bytes) -> None:
+    """Best-effort one-shot reply (never blocks), then close."""
+    try:
+        sock.setblocking(False)
+        if reply:
+            sock.send(reply)
+    except OSError:
+        pass
+    finally:
+        sock.close()
 
 
 # -- one connection ---------------------------------------------------------------------------
@@ -151,7 +167,7 @@ class _Protocol(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.eof = False
         self.waiter: asyncio.Future[None] | None = None
-        self.drain_waiter: asyncio.Future[None] | None = None
+        self.drain_waiters: list[asyncio.Future[None]] = []
         self.write_paused = False
         self.read_paused = False
 
@@ -173,7 +189,7 @@ class _Protocol(asyncio.Protocol):
     def eof_received(self) -> bool:
         self.eof = True
         self._wake()
-        return False
+        return True  # half-close: replies to what was sent still go out; we close at the end
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.eof = True
@@ -185,13 +201,15 @@ class _Protocol(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self.write_paused = False
-        d = self.drain_waiter
-        if d is not None and not d.done():
-            d.set_result(None)
+        waiters, self.drain_waiters = self.drain_waiters, []
+        for d in waiters:
+            if not d.done():
+                d.set_result(None)
 
 
 class SocketConnection:
-    """Buffered frame I/O over one accepted socket (same errors as anyio's buffered stream)."""
+    """Byte I/O over one accepted socket (same errors as anyio's streams); frames are cut by
+    ``qwenctxd.protocol.framing.FrameDecoder``."""
 
     def __init__(self, transport: asyncio.Transport, proto: _Protocol) -> None:
         self._transport = transport
@@ -226,43 +244,16 @@ class SocketConnection:
         p.buffer.clear()
         return data
 
-    def unread(self, data: bytes) -> None:
-        self._p.buffer[:0] = data
-
-    async def receive_until(self, delimiter: bytes, max_bytes: int) -> bytes:
-        p = self._p
-        offset = 0
-        while True:
-            idx = p.buffer.find(delimiter, offset)
-            if idx >= 0:
-                found = bytes(p.buffer[:idx])
-                del p.buffer[: idx + len(delimiter)]
-                return found
-            if len(p.buffer) >= max_bytes:
-                raise anyio.DelimiterNotFound(max_bytes)
-            offset = max(len(p.buffer) - len(delimiter) + 1, 0)
-            await self._fill()
-
-    async def receive_exactly(self, n: int) -> bytes:
-        p = self._p
-        while len(p.buffer) < n:
-            await self._fill()
-        data = bytes(p.buffer[:n])
-        del p.buffer[:n]
-        return data
-
     async def send(self, data: bytes) -> None:
         t = self._transport
         if t.is_closing():
             raise anyio.BrokenResourceError
         t.write(data)
         p = self._p
-        if p.write_paused:
-            p.drain_waiter = asyncio.get_running_loop().create_future()
-            try:
-                await p.drain_waiter
-            finally:
-                p.drain_waiter = None
+        if p.write_paused:  # several request tasks may wait here at once
+            waiter = asyncio.get_running_loop().create_future()
+            p.drain_waiters.append(waiter)
+            await waiter
             if t.is_closing():
                 raise anyio.BrokenResourceError
 

@@ -13,7 +13,7 @@ tool declarations. The parts, in order:
 ``system_other``
     the append text and the git status section;
 ``tools``
-    the tool declarations (the client's and the Skill tool);
+    the tool declarations (the client's and the daemon's `skill` tool);
 ``skills``
     skill-listing reminders (snapshot and deltas) delivered inside history messages;
 ``reminders``

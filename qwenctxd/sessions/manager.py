@@ -24,6 +24,7 @@ from qwenctxd import __version__
 from qwenctxd.compaction import recap as recap_mod
 from qwenctxd.config import ConfigStore
 from qwenctxd.events import EventBus
+from qwenctxd.instructions import tool_roles
 from qwenctxd.instructions.service import InstructionsService
 from qwenctxd.memory.service import MemoryService
 from qwenctxd.model import ModelClient
@@ -33,7 +34,7 @@ from qwenctxd.protocol import session as wire
 from qwenctxd.sessions import records, titles
 from qwenctxd.sessions.index import SessionIndex
 from qwenctxd.sessions.state import Session
-from qwenctxd.skills.listing import SKILL_TOOL
+from qwenctxd.skills.listing import SKILL_NAME, SKILL_TOOL
 from qwenctxd.skills.service import SkillsService
 from qwenctxd.tasks import TaskRegistry
 
@@ -41,6 +42,7 @@ log = structlog.get_logger("qwenctxd.sessions")
 DEFAULT_WINDOW = 131_072
 PROJECT_SUMMARY_NAME = "PROJECT_SUMMARY.md"
 FSYNC_INTERVAL_S = 1.0
+KEEP_REASONING = ("none", "current_turn", "all")
 
 
 def iso(ts: float) -> str:
@@ -123,19 +125,35 @@ class SessionManager:
             elif p.resume:
                 raise errors.SessionNotFound(f"no recorded session {session_id}",
                                              data={"session_id": session_id})
-        window = (p.window_tokens or settings.model.generation_config.context_window_size
-                  or DEFAULT_WINDOW)
-        pct = p.auto_compact_threshold or settings.context.auto_compact_threshold
+        saved = (state.options or {}) if state is not None else {}
+        window = (p.window_tokens or _int(saved.get("windowTokens"))
+                  or settings.model.generation_config.context_window_size or DEFAULT_WINDOW)
+        pct = (p.auto_compact_threshold or _float(saved.get("autoCompactThreshold"))
+               or settings.context.auto_compact_threshold)
         env = dict(p.env or {})
+        client_tools = p.tools if p.tools is not None else _tools(saved.get("tools"))
+        agent = ({"name": p.agent.name, **({"version": p.agent.version} if p.agent.version
+                                            else {})} if p.agent is not None
+                 else _agent(saved.get("agent")))
+        keep = p.keep_reasoning or saved.get("keepReasoning")
+        keep = keep if keep in KEEP_REASONING else "current_turn"
         s = Session(
             id=session_id, cwd=cwd, project_root=root, model=p.model, window_tokens=window,
-            pct=pct, tools=with_skill_tool(p.tools or []), env=env, path=path,
+            pct=pct, tools=with_skill_tool(client_tools), env=env, path=path,
             # fsync happens in a background job (at most once a second), never on the turn path;
             # close() still fsyncs
             writer=records.JsonlWriter(path, fsync="interval", fsync_interval=float("inf")),
             image_tokens=int(self._environ.get("QWEN_IMAGE_TOKEN_ESTIMATE", 0))
             or settings.model.chat_compression.image_token_estimate,
         )
+        s.agent = agent
+        s.keep_reasoning = keep
+        s.tool_roles = tool_roles.classify(s.tools)
+        s.own_skill = not any(tool_roles.tool_name(t) == SKILL_NAME for t in client_tools)
+        options = {"windowTokens": window, "tools": client_tools, "agent": agent,
+                   "keepReasoning": keep, "autoCompactThreshold": pct}
+        if options != saved:
+            self.record(s, {}, subtype=records.SUBTYPE_OPTIONS, payload=options)
         warnings: list[str] = []
         torn: list[int] = []
         if state is not None:
@@ -156,8 +174,7 @@ class SessionManager:
                 warnings.append(f"skipped unreadable line {t.line_no} of {path.name}: {t.reason}")
         s.git_snapshot = await self.instructions.git_snapshot(cwd)
         self.sessions[session_id] = s
-        sp = await self.instructions.system_prompt(cwd, model=p.model, env=env,
-                                                   git_snapshot=s.git_snapshot)
+        sp = await self.system_prompt(s)
         from qwenctxd.sessions.state import system_tokens
 
         sys_tok = system_tokens(sp.text, s.tools)
@@ -172,6 +189,13 @@ class SessionManager:
         return wire.OpenResult(session_id=session_id, resumed=resumed, messages=len(s.messages),
                                prompt_tokens=tokens, window_tokens=window, path=str(path),
                                torn_lines=torn, warnings=warnings)
+
+    async def system_prompt(self, s: Session) -> Any:
+        """The system prompt of ``s``: its model, env, declared tools, agent identity and the
+        git snapshot taken when it opened."""
+        return await self.instructions.system_prompt(
+            s.cwd, model=s.model, env=s.env, tool_roles=s.tool_roles,
+            agent=(s.agent or {}).get("name"), git_snapshot=s.git_snapshot)
 
     async def _find_file(self, session_id: str, cwd: Path) -> Path | None:
         row = await self.index.get(session_id)
@@ -350,9 +374,26 @@ def checked_id(session_id: str) -> str:
 
 
 def with_skill_tool(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The client's tools plus the constant Skill tool (unless the client declares one)."""
-    names = {(t.get("function") or {}).get("name") for t in tools}
-    return list(tools) if "Skill" in names else [*tools, SKILL_TOOL]
+    """The client's tools plus the daemon's constant ``skill`` tool (unless the client
+    declares a tool of that name itself: then calls to it are the client's)."""
+    names = {tool_roles.tool_name(t) for t in tools if isinstance(t, dict)}
+    return list(tools) if SKILL_NAME in names else [*tools, SKILL_TOOL]
+
+
+def _int(v: Any) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
+
+
+def _float(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 else None
+
+
+def _tools(v: Any) -> list[dict[str, Any]]:
+    return [t for t in v if isinstance(t, dict)] if isinstance(v, list) else []
+
+
+def _agent(v: Any) -> dict[str, Any] | None:
+    return dict(v) if isinstance(v, dict) and isinstance(v.get("name"), str) else None
 
 
 def _fsync(writer: records.JsonlWriter) -> None:

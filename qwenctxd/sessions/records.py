@@ -45,6 +45,10 @@ TORN_PREVIEW_BYTES = 4096
 
 SUBTYPE_COMPRESSION = "chat_compression"
 SUBTYPE_TITLE = "custom_title"
+# the session's options (window, tools, agent, keep_reasoning, threshold) as last set
+SUBTYPE_OPTIONS = "session_options"
+# a rewind: like a checkpoint, ``compressedHistory`` is the whole history that remains
+SUBTYPE_REWIND = "rewind"
 
 
 class ChatRecord(msgspec.Struct, omit_defaults=True, kw_only=True):
@@ -108,6 +112,7 @@ class ResumeState(msgspec.Struct, kw_only=True):
     cwd: str | None = None
     anchor_index: int | None = None
     last_uuid: str | None = None
+    options: dict[str, Any] | None = None
 
 
 class SessionSummary(msgspec.Struct, kw_only=True):
@@ -429,6 +434,7 @@ def resume(path: str | os.PathLike[str]) -> ResumeState:
     records = 0
     checkpoint_uuid = last_model = title = started_at = cwd = None
     last_usage: dict[str, Any] | None = None
+    options: dict[str, Any] | None = None
     anchor: int | None = None
     rec: _ResumeRec | None = None
     last_good: _ResumeRec | None = None
@@ -441,13 +447,15 @@ def resume(path: str | os.PathLike[str]) -> ResumeState:
             continue
         if rec.type == "system":
             sub = rec.subtype
-            if sub == SUBTYPE_COMPRESSION or sub == SUBTYPE_TITLE:
+            if sub in (SUBTYPE_COMPRESSION, SUBTYPE_TITLE, SUBTYPE_OPTIONS, SUBTYPE_REWIND):
                 try:
                     payload = payload_decode(rec.systemPayload) if rec.systemPayload else None
                 except msgspec.DecodeError as e:
                     torn.append(_torn(line_no, line, e))
                     continue
-                if sub == SUBTYPE_COMPRESSION:
+                if sub == SUBTYPE_OPTIONS:
+                    options = payload
+                elif sub == SUBTYPE_COMPRESSION or sub == SUBTYPE_REWIND:
                     hist = payload.get("compressedHistory") if payload else None
                     if isinstance(hist, list):
                         messages = gemini_format.to_message_list(hist)
@@ -489,6 +497,7 @@ def resume(path: str | os.PathLike[str]) -> ResumeState:
         cwd=cwd,
         anchor_index=anchor,
         last_uuid=(last_good.uuid or None) if last_good else None,
+        options=options,
     )
 
 

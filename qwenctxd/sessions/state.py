@@ -22,6 +22,14 @@ from qwenctxd.sessions.records import JsonlWriter
 from qwenctxd.tokens import estimate_tokens
 
 Message = dict[str, Any]
+REASONING_KEYS = ("reasoning_content", "reasoning", "thinking", "reasoning_details")
+
+
+def no_null_content(msg: Message) -> Message:
+    """``msg`` with ``content: ""`` instead of a missing or null content (protocol C4)."""
+    if msg.get("role") == "assistant" and msg.get("content") is None:
+        return {**msg, "content": ""}
+    return msg
 
 
 @dataclass
@@ -77,26 +85,48 @@ class Session:
     prefetch: Any = None
     prefetch_delivered: bool = True
     surfaced: set[str] = field(default_factory=set)
+    # the agent-loop contract: the client's identity, reasoning policy (C4), what its tools
+    # are for (C5, file detection), whether ``skill`` is the daemon's own tool, the calls the
+    # daemon answered itself, and how many history messages carry reasoning fields
+    agent: dict[str, Any] | None = None
+    keep_reasoning: str = "current_turn"
+    tool_roles: Any = None
+    own_skill: bool = True
+    daemon_answered: set[str] = field(default_factory=set)
+    reasoning_count: int = 0
 
     # -- history -------------------------------------------------------------------------------
     def append(self, msg: Message) -> None:
+        msg = no_null_content(msg)
         self.messages.append(msg)
         self.msg_tokens.append(message_tokens(msg, image_tokens=self.image_tokens))
         self._count(msg, 1)
         self.updated_at = time.time()
+
+    def pop_last(self) -> Message:
+        """Take the last message back out of the history (a merge or a rewind)."""
+        msg = self.messages.pop()
+        self.msg_tokens.pop()
+        self._count(msg, -1)
+        if self.anchor is not None and self.anchor.index > len(self.messages):
+            self.anchor = None
+        self.updated_at = time.time()
+        return msg
 
     def _count(self, msg: Message, sign: int) -> None:
         if "is_error" in msg:
             self.ext_count += sign
         if msg.get("role") == "tool":
             self.tool_chars += sign * tool_result_chars([msg])
+        elif msg.get("role") == "assistant" and any(k in msg for k in REASONING_KEYS):
+            self.reasoning_count += sign
 
     def replace_history(self, messages: list[Message], *, keep_anchor_delta: int | None = None) -> None:
         """Swap the history (compaction). ``keep_anchor_delta``: keep the API anchor, shifted
         down by that many tokens (micro-compaction keeps positions); else drop it."""
-        self.messages = list(messages)
+        self.messages = [no_null_content(m) for m in messages]
         self.msg_tokens = [message_tokens(m, image_tokens=self.image_tokens) for m in self.messages]
-        self.ext_count = self.tool_chars = 0
+        self.ext_count = self.tool_chars = self.reasoning_count = 0
         for m in self.messages:
             self._count(m, 1)
         if keep_anchor_delta is not None and self.anchor is not None:

@@ -10,6 +10,7 @@ count on the API's figure.
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -19,15 +20,17 @@ import structlog
 from qwenctxd.compaction import hooks as hooks_mod
 from qwenctxd.compaction import micro, post_compact
 from qwenctxd.compaction.estimate import history_tokens
+from qwenctxd.compaction.summary import join_content
 from qwenctxd.compaction.thresholds import compute_thresholds, context_left_pct, level
 from qwenctxd.instructions.rules import relative_to_root, rule_reminder
 from qwenctxd.protocol import errors
 from qwenctxd.protocol import session as wire
 from qwenctxd.protocol.instructions import prefix_hash
+from qwenctxd.sessions import records
 from qwenctxd.sessions.content_parts import check_parts
 from qwenctxd.sessions.environment import environment_reminder
 from qwenctxd.sessions.manager import SessionManager
-from qwenctxd.sessions.state import Session, system_tokens
+from qwenctxd.sessions.state import REASONING_KEYS, Session, system_tokens
 from qwenctxd.sessions.titles import auto_title
 from qwenctxd.skills import listing
 
@@ -75,8 +78,7 @@ class TurnPipeline:
             for msg in new_msgs:
                 s.append(msg)
                 self.m.record(s, msg)
-            sp = await self.m.instructions.system_prompt(s.cwd, model=s.model, env=s.env,
-                                                   git_snapshot=s.git_snapshot)
+            sp = await self.m.system_prompt(s)
             sys_tok = system_tokens(sp.text, s.tools)
             await self._maybe_micro(s, events, sys_tok)
             await self._maybe_compress(s, events, sys_tok)
@@ -87,12 +89,19 @@ class TurnPipeline:
         pending = s.pending_tool_calls()
         out: list[dict[str, Any]] = []
         if p.kind == "tool_results":
-            results = p.tool_results or []
-            if not results:
+            results = []
+            for i, r in enumerate(p.tool_results or []):
+                if r.tool_call_id in s.daemon_answered and r.tool_call_id not in pending:
+                    # the daemon answered this call itself (its skill tool): keep its answer
+                    events.append({"type": "duplicate_tool_result", "tool_call_id": r.tool_call_id,
+                                   "index": i})
+                    continue
+                results.append((i, r))
+            if not results and (pending or not p.tool_results and not self._answered_tail(s)):
                 raise errors.InvalidParams("tool_results is empty",
                                            data={"field": "tool_results", "message": "empty"})
             seen: set[str] = set()
-            for i, r in enumerate(results):
+            for i, r in results:
                 if isinstance(r.content, list):
                     check_parts(r.content, f"tool_results[{i}].content")
                 if r.tool_call_id not in pending or r.tool_call_id in seen:
@@ -108,7 +117,7 @@ class TurnPipeline:
                     f"tool results missing for pending calls: {', '.join(missing)}",
                     data={"field": "tool_results", "message": "missing results",
                           "missing": missing})
-            for r in results:
+            for _i, r in results:
                 msg: dict[str, Any] = {"role": "tool", "tool_call_id": r.tool_call_id,
                                        "content": r.content}
                 if r.name:
@@ -137,7 +146,18 @@ class TurnPipeline:
             content: Any = ([{"type": "text", "text": p.text}] if p.text else []) + list(p.images)
         else:
             content = p.text
-        out.append({"role": "user", "content": content})
+        last = s.messages[-1] if s.messages else None
+        if not pending and last is not None and last.get("role") == "user":
+            # the last user turn went unanswered (a failed model call, the user typed again):
+            # this turn joins it, so two user messages never follow each other (C1)
+            s.pop_last()
+            self.m.record(s, {}, subtype=records.SUBTYPE_REWIND, payload={
+                "reason": "user_turn_merged", "removedMessages": 1,
+                "compressedHistory": s.messages})
+            events.append({"type": "user_turn_merged"})
+            out.append({"role": "user", "content": join_content(last.get("content"), content)})
+        else:
+            out.append({"role": "user", "content": content})
         if p.kind == "user":
             s.user_turn_open = True
             s.memory_written_this_turn = False
@@ -332,6 +352,8 @@ class TurnPipeline:
             estimate_history=lambda h: history_tokens(h, image_tokens=s.image_tokens),
             pre_hook=pre_hook if hook_cfg.get("PreCompact") else None,
             post_hook=post_hook if hook_cfg.get("PostCompact") else None,
+            file_tools=s.tool_roles.file_tools() if s.tool_roles is not None else None,
+            touched_paths=list(s.touched),
             max_files=settings.model.chat_compression.max_recent_files_to_retain,
             max_images=settings.model.chat_compression.max_recent_images_to_retain,
         )
@@ -384,8 +406,11 @@ class TurnPipeline:
                 self._prefix.clear()
             self._prefix[key] = phash
         self.m.schedule_index_touch(s)
-        return wire.AssembledPrompt(system=system, messages=wire_messages(s.messages) if s.ext_count
-                                    else list(s.messages),
+        if s.ext_count or (s.reasoning_count and s.keep_reasoning != "all"):
+            messages = wire_messages(s.messages, s.keep_reasoning)
+        else:
+            messages = list(s.messages)
+        return wire.AssembledPrompt(system=system, messages=messages,
                                     tools=s.tools, reminders=reminders, usage=usage,
                                     events=events, prefix_hash=phash, session_id=s.id)
 
@@ -409,8 +434,8 @@ class TurnPipeline:
                         f"message.tool_calls[{i}] needs an id and function.name",
                         data={"field": f"message.tool_calls[{i}]", "message": "malformed"})
                 c.setdefault("type", "function")
-            if not calls and not msg.get("content"):
-                msg["content"] = ""
+            if msg.get("content") is None:
+                msg["content"] = ""  # C4: never content null, also when it only carries calls
             if calls and self.m.memory is not None:
                 from qwenctxd.agents.extraction import wrote_memory
 
@@ -422,11 +447,11 @@ class TurnPipeline:
             if p.usage is not None:
                 usage = {"prompt_tokens": p.usage.prompt_tokens,
                          "completion_tokens": p.usage.completion_tokens}
-                sp = await self.m.instructions.system_prompt(s.cwd, model=s.model, env=s.env,
-                                                   git_snapshot=s.git_snapshot)
+                sp = await self.m.system_prompt(s)
                 s.set_anchor(p.usage.prompt_tokens, p.usage.completion_tokens,
                              system_tokens(sp.text, s.tools))
             self.m.record(s, msg, usage=usage)
+            answered = await self._answer_own_calls(s, calls)
             s.last_model_reply_at = time.time()
             complete = not calls
             scheduled: list[str] = []
@@ -434,14 +459,111 @@ class TurnPipeline:
                 s.user_turn_open = False
                 scheduled.extend(self.m.on_user_turn_complete(s))
             self.m.schedule_index_touch(s)
-            return wire.RecordModelResult(turn_complete=complete, scheduled=scheduled)
+            return wire.RecordModelResult(turn_complete=complete, scheduled=scheduled,
+                                          answered=answered)
+
+    async def _answer_own_calls(self, s: Session, calls: list[dict[str, Any]]
+                                ) -> list[wire.AnsweredCall]:
+        """Answer the reply's calls to the daemon's own ``skill`` tool (as ``skills.load``)."""
+        if not s.own_skill:
+            return []
+        out: list[wire.AnsweredCall] = []
+        for c in calls:
+            if c["function"].get("name") != listing.SKILL_NAME:
+                continue
+            content, is_error = await self._load_skill(s, c["function"].get("arguments"))
+            msg: dict[str, Any] = {"role": "tool", "tool_call_id": c["id"],
+                                   "name": listing.SKILL_NAME, "content": content}
+            if is_error:
+                msg["is_error"] = True
+            s.append(msg)
+            self.m.record(s, msg)
+            s.daemon_answered.add(c["id"])
+            if len(s.daemon_answered) > MAX_TOUCHED:
+                s.daemon_answered.discard(next(iter(s.daemon_answered)))
+            out.append(wire.AnsweredCall(tool_call_id=c["id"], name=listing.SKILL_NAME,
+                                         content=content))
+        return out
+
+    async def _load_skill(self, s: Session, raw_args: Any) -> tuple[str, bool]:
+        args = raw_args
+        if isinstance(raw_args, str):
+            try:
+                args = json.loads(raw_args) if raw_args.strip() else {}
+            except ValueError:
+                return "Error: the skill call's arguments are not valid JSON.", True
+        name = args.get("skill") if isinstance(args, dict) else None
+        if not isinstance(name, str) or not name.strip():
+            return "Error: the skill tool needs a `skill` argument naming a listed skill.", True
+        skills = self.m.skills
+        if skills is None:
+            return "Error: skills are not available in this session.", True
+        ss, _gen = await skills.skillset(s.project_root, s.cwd)
+        skill = ss.skills.get(name.strip())
+        if skill is None:
+            known = ", ".join(sorted(ss.skills)) or "none"
+            return f"Error: no skill named {name.strip()!r}. Available skills: {known}.", True
+        s.skills_used.add(skill.name)
+        text = listing.load_text(skill)
+        extra = args.get("args") if isinstance(args, dict) else None
+        if isinstance(extra, str) and extra.strip():
+            text += f"\nARGUMENTS: {extra.strip()}\n"
+        return text, False
+
+    @staticmethod
+    def _answered_tail(s: Session) -> bool:
+        """True when the last reply's calls are all answered and the daemon answered some."""
+        i = len(s.messages)
+        own = False
+        while i and s.messages[i - 1].get("role") == "tool":
+            own = own or s.messages[i - 1].get("tool_call_id") in s.daemon_answered
+            i -= 1
+        return own and i > 0 and s.messages[i - 1].get("role") == "assistant"
+
+    # -- session.rewind ----------------------------------------------------------------------------
+    async def rewind(self, p: wire.RewindParams) -> wire.RewindResult:
+        s = self.m.get(p.session_id)
+        async with s.lock:
+            if p.turns < 1:
+                raise errors.InvalidParams("turns must be at least 1",
+                                           data={"field": "turns", "message": "below 1"})
+            starts = [i for i, m in enumerate(s.messages) if m.get("role") == "user"
+                      and (i == 0 or s.messages[i - 1].get("role") == "assistant")]
+            if p.turns > len(starts):
+                raise errors.InvalidParams(
+                    f"turns {p.turns} is more than the {len(starts)} user turns in the history",
+                    data={"field": "turns", "message": "more than the history",
+                          "turns_available": len(starts)})
+            cut = starts[-p.turns]
+            removed = len(s.messages) - cut
+            while len(s.messages) > cut:
+                s.pop_last()
+            s.user_turn_open = False
+            s.daemon_answered.clear()
+            self.m.record(s, {}, subtype=records.SUBTYPE_REWIND, payload={
+                "reason": "rewind", "turns": p.turns, "removedMessages": removed,
+                "compressedHistory": s.messages})
+            self.m.schedule_index_touch(s)
+            log.info("rewind", session=s.id, turns=p.turns, removed=removed)
+            return wire.RewindResult(removed_messages=removed, messages=len(s.messages))
 
 
-def wire_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The history as POSTed: our extension fields removed (only those messages are copied)."""
+def wire_messages(messages: list[dict[str, Any]], keep_reasoning: str = "all"
+                  ) -> list[dict[str, Any]]:
+    """The history as POSTed: our extension fields removed, and reasoning fields kept only as
+    ``keep_reasoning`` says (C4: "current_turn" keeps them after the latest user message only;
+    only the changed messages are copied)."""
+    cut = len(messages)  # reasoning is dropped before this index
+    if keep_reasoning == "current_turn":
+        cut = next((i for i in range(len(messages) - 1, -1, -1)
+                    if messages[i].get("role") == "user"), 0)
+    elif keep_reasoning == "all":
+        cut = 0
     out = []
-    for m in messages:
+    for i, m in enumerate(messages):
         if "is_error" in m:
             m = {k: v for k, v in m.items() if k not in EXTENSION_FIELDS}
+        if i < cut and m.get("role") == "assistant" and any(k in m for k in REASONING_KEYS):
+            m = {k: v for k, v in m.items() if k not in REASONING_KEYS}
         out.append(m)
     return out

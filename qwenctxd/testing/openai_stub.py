@@ -301,6 +301,9 @@ class _Server(ThreadingHTTPServer):
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "ScriptedOpenAI/1.0"
+    # TCP_NODELAY, as real servers (uvicorn, llama.cpp) set it: without it a streamed chunk
+    # written right after the headers waits for the client's delayed ACK (~40 ms)
+    disable_nagle_algorithm = True
 
     @property
     def stub(self) -> ScriptedOpenAI:

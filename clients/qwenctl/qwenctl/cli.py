@@ -18,6 +18,7 @@ from qwenctl import (
     context_cmds,
     instructions_cmds,
     logs_cmds,
+    mcp_server,
     memory_cmds,
     render,
     rpc_cmds,
@@ -32,6 +33,7 @@ from qwenctl.daemon_link import (
     Unreachable,
     connect,
 )
+from qwenctl.proxy import command as proxy_cmd
 from qwenctxd.client import Client, ClientError, RemoteError
 from qwenctxd.paths import socket_path
 
@@ -99,11 +101,35 @@ def cmd_stop(ctx: Ctx) -> int:
     if ctx.args.stop_timeout is not None:
         params["timeout_s"] = ctx.args.stop_timeout
     client.call("daemon.shutdown", params)
-    # wait for the daemon to let go of the socket
-    try:
-        client.read_frame()
-    except (ClientError, OSError):
-        pass
+    client.close()
+    # while it drains the daemon still answers daemon.status: show progress until it is gone
+    last: tuple[int, str] | None = None
+    while True:
+        try:
+            with Client(ctx.args.socket, timeout=5) as probe:
+                st = probe.call("daemon.status")
+        except (ClientError, OSError):
+            break
+        if st.get("pid") != pid:
+            break
+        bg = st["background"]
+        pending = len(bg["in_flight"]) + bg["queued"]
+        kinds = ", ".join(t["kind"] for t in bg["in_flight"]) or "-"
+        if not ctx.args.json and (pending, kinds) != last:
+            sys.stdout.write(f"stopping: {st['state']}, {pending} background job(s) pending "
+                             f"(running: {kinds})\n")
+            sys.stdout.flush()
+            last = (pending, kinds)
+        time.sleep(0.25)
+    deadline = time.monotonic() + 15  # the socket is gone; wait for the process to exit
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":
+                    break  # exited; its parent has not reaped it yet
+        except (OSError, IndexError):
+            break
+        time.sleep(0.05)
     if ctx.args.json:
         emit_json({"stopped": True, "pid": pid})
     else:
@@ -150,6 +176,8 @@ COMMANDS: dict[str, Callable[[Ctx], int]] = {
     "logs": logs_cmds.cmd_logs,
     "methods": rpc_cmds.cmd_methods,
     "call": rpc_cmds.cmd_call,
+    "mcp": mcp_server.cmd_mcp,
+    "proxy": proxy_cmd.cmd_proxy,
 }
 
 
@@ -200,6 +228,8 @@ def build_parser() -> argparse.ArgumentParser:
     context_cmds.add_parser(sub, common)
     rpc_cmds.add_parser(sub, common)
     logs_cmds.add_parser(sub, common)
+    mcp_server.add_parser(sub, common)
+    proxy_cmd.add_parser(sub, common)
     return p
 
 

@@ -1,5 +1,6 @@
-"""Handlers of the ``daemon.*`` family (hello, ping, status, drain, shutdown, subscribe) and
-``rpc.discover`` (the OpenRPC document of every method)."""
+"""Handlers of the ``daemon.*`` family (hello, ping, status, drain, shutdown, subscribe),
+``rpc.discover`` (the OpenRPC document of every method), and the cancellation pair
+``rpc.cancel`` / ``$/cancelRequest`` (cancel an in-flight request of the same connection)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ if TYPE_CHECKING:
     from qwenctxd.server.app import Daemon
     from qwenctxd.server.connection import Connection
 
-CAPABILITIES = ["framing.ndjson", "framing.lsp", "batch", "notifications", "drain"]
+CAPABILITIES = ["framing.ndjson", "framing.lsp", "batch", "notifications", "drain", "cancel"]
 
 
 def register(daemon: Daemon) -> None:
@@ -58,6 +59,9 @@ def register(daemon: Daemon) -> None:
         ctx.subscribe(p.topics)
         return wire.OkResult()
 
+    async def cancel(ctx: Connection, p: wire.CancelParams) -> wire.CancelResult:
+        return wire.CancelResult(cancelled=ctx.cancel_request(p.id))
+
     discovered: dict[str, Any] = {}
 
     async def discover(ctx: Connection, p: wire.Empty) -> dict[str, Any]:
@@ -69,13 +73,19 @@ def register(daemon: Daemon) -> None:
         return discovered
 
     for spec in (
-        MethodSpec("daemon.hello", wire.HelloParams, hello, allowed_while_stopping=True),
-        MethodSpec("daemon.ping", wire.Empty, ping, allowed_while_stopping=True, quiet=True),
-        MethodSpec("daemon.status", wire.Empty, status,
-                   allowed_while_stopping=True),
+        MethodSpec("daemon.hello", wire.HelloParams, hello, allowed_while_stopping=True,
+                   inline=True),
+        MethodSpec("daemon.ping", wire.Empty, ping, allowed_while_stopping=True, quiet=True,
+                   inline=True),
+        MethodSpec("daemon.status", wire.Empty, status, allowed_while_stopping=True,
+                   inline=True),
         MethodSpec("daemon.drain", wire.DrainParams, drain, allowed_while_stopping=True),
         MethodSpec("daemon.shutdown", wire.ShutdownParams, shutdown, allowed_while_stopping=True),
         MethodSpec("daemon.subscribe", wire.SubscribeParams, subscribe),
         MethodSpec("rpc.discover", wire.Empty, discover, allowed_while_stopping=True),
+        MethodSpec("rpc.cancel", wire.CancelParams, cancel, allowed_while_stopping=True,
+                   inline=True),
+        MethodSpec("$/cancelRequest", wire.CancelParams, cancel, allowed_while_stopping=True,
+                   inline=True),
     ):
         daemon.dispatcher.register(spec)

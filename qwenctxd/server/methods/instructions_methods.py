@@ -9,11 +9,13 @@ from typing import TYPE_CHECKING
 import anyio
 
 from qwenctxd.instructions import add_memory as memory_file
+from qwenctxd.instructions import tool_roles
 from qwenctxd.instructions.discovery import normalize_filenames
 from qwenctxd.instructions.rules import relative_to_root, rule_reminder
 from qwenctxd.protocol import errors
 from qwenctxd.protocol import instructions as wire
 from qwenctxd.server.dispatch import MethodSpec
+from qwenctxd.skills.listing import SKILL_TOOL
 
 if TYPE_CHECKING:
     from qwenctxd.server.app import Daemon
@@ -41,11 +43,16 @@ def register(daemon: Daemon) -> None:
 
     async def prompt_system(ctx: Connection, p: wire.PromptSystemParams) -> wire.PromptSystemResult:
         cwd = checked_cwd(p.cwd)
+        roles = tool_roles.classify([*p.tools, SKILL_TOOL]) if p.tools is not None else None
+        agent = (p.agent or {}).get("name")
         sp = await service.system_prompt(cwd, model=p.model, append=p.append,
-                                         interaction_mode=p.interaction_mode, env=p.env)
+                                         interaction_mode=p.interaction_mode, env=p.env,
+                                         tool_roles=roles,
+                                         agent=agent if isinstance(agent, str) else None)
         return wire.PromptSystemResult(
             text=sp.text,
-            sections=[wire.Section(name=n, chars=c, est_tokens=t) for n, c, t in sp.sections],
+            sections=[wire.Section(name=n, chars=c, est_tokens=t, omitted=c == 0)
+                      for n, c, t in sp.sections],
             files=[wire.PromptFile(path=path, type=kind) for path, kind in sp.files],
             prefix_hash=sp.prefix_hash,
             project_root=str(sp.project_root) if sp.project_root else None,

@@ -1,4 +1,5 @@
-"""Handlers of the ``memory.*`` family (list, recall, forget in two steps, check_write, status)."""
+"""Handlers of the ``memory.*`` family (list, recall, save, forget in two steps, check_write,
+status)."""
 
 from __future__ import annotations
 
@@ -53,6 +54,19 @@ def register(daemon: Daemon) -> None:
     async def forget(ctx: Connection, p: wire.ForgetParams) -> wire.ForgetResult:
         cwd = checked_cwd(p.cwd)
         return wire.ForgetResult(removed=await service.forget(cwd, p.paths))
+
+    async def save(ctx: Connection, p: wire.SaveParams) -> wire.SaveResult:
+        from qwenctxd.memory.save import save as save_memory
+
+        cwd = checked_cwd(p.cwd)
+
+        def write(path: Path, text: str) -> None:
+            daemon.audit.write_file(path, text, agent="memory.save", session=None)
+
+        out = await save_memory(service, cwd, mem_type=p.type, name=p.name,
+                                description=p.description, body=p.body, scope=p.scope,
+                                write=write)
+        return wire.SaveResult(path=str(out.path), scope=out.scope, created=out.created)
 
     async def check_write(ctx: Connection, p: wire.CheckWriteParams) -> wire.CheckWriteResult:
         cwd = checked_cwd(p.cwd)
@@ -119,6 +133,7 @@ def register(daemon: Daemon) -> None:
         MethodSpec("memory.recall", wire.RecallParams, recall),
         MethodSpec("memory.forget_candidates", wire.ForgetCandidatesParams, forget_candidates),
         MethodSpec("memory.forget", wire.ForgetParams, forget),
+        MethodSpec("memory.save", wire.SaveParams, save),
         MethodSpec("memory.check_write", wire.CheckWriteParams, check_write),
         MethodSpec("memory.status", wire.StatusParams, status),
     ):

@@ -30,8 +30,7 @@ def register(daemon: Daemon) -> None:
     async def compress(ctx: Connection, p: wire.CompressParams) -> wire.CompressResult:
         s = manager.get(p.session_id)
         async with s.lock:
-            sp = await manager.instructions.system_prompt(s.cwd, model=s.model, env=s.env,
-                                                   git_snapshot=s.git_snapshot)
+            sp = await manager.system_prompt(s)
             from qwenctxd.sessions.state import system_tokens
 
             sys_tok = system_tokens(sp.text, s.tools)
@@ -47,6 +46,9 @@ def register(daemon: Daemon) -> None:
                                            events=events)
             return await pipeline.compress(s, trigger="manual", focus=p.instructions,
                                            sys_tok=sys_tok, reason="manual", forced=True)
+
+    async def rewind(ctx: Connection, p: wire.RewindParams) -> wire.RewindResult:
+        return await pipeline.rewind(p)
 
     async def list_(ctx: Connection, p: wire.ListParams) -> wire.ListResult:
         return await manager.list(checked_cwd(p.cwd) if p.cwd else None)
@@ -66,8 +68,7 @@ def register(daemon: Daemon) -> None:
 
         s = manager.get(p.session_id)
         async with s.lock:
-            sp = await manager.instructions.system_prompt(s.cwd, model=s.model, env=s.env,
-                                                   git_snapshot=s.git_snapshot)
+            sp = await manager.system_prompt(s)
             r = context_report(s, sp, s.tools)
         return wire.ContextResult(
             session_id=r.session_id, window_tokens=r.window_tokens,
@@ -90,6 +91,7 @@ def register(daemon: Daemon) -> None:
         MethodSpec("session.turn", wire.TurnParams, turn),
         MethodSpec("session.record_model", wire.RecordModelParams, record_model),
         MethodSpec("session.compress", wire.CompressParams, compress),
+        MethodSpec("session.rewind", wire.RewindParams, rewind),
         MethodSpec("session.list", wire.ListParams, list_),
         MethodSpec("session.recap", wire.SessionIdParams, recap),
         MethodSpec("session.project_summary", wire.SessionIdParams, project_summary),

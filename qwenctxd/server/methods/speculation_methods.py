@@ -24,8 +24,7 @@ def register(daemon: Daemon) -> None:
         if not daemon.model.configured:
             raise errors.ModelUnavailable("speculation needs a model endpoint",
                                           data={"reason": "not_configured"})
-        sp = await daemon.instructions.system_prompt(s.cwd, model=s.model, env=s.env,
-                                                   git_snapshot=s.git_snapshot)
+        sp = await daemon.sessions.system_prompt(s)
         spec_id = manager.start(daemon.model, session_history=list(s.messages), cwd=s.cwd,
                                 project_root=s.project_root or s.cwd, suggestion=p.suggestion,
                                 session_id=s.id, system=sp.text, fast=True)

@@ -31,6 +31,7 @@ local state = {
   client = nil,
   sessions = {}, -- project root -> session_id (the sessions assemble() continues)
   opening = {}, -- project root -> callbacks waiting for session.open
+  session_opts = {}, -- project root -> session.open options given to assemble()
   views = {}, -- view name -> scratch buffer
 }
 
@@ -180,6 +181,11 @@ end
 -- if it has no record, a new session is opened instead (with a warning).
 local function open_session(root, model, resume_sid, cb)
   local params = { cwd = root, model = model, window_tokens = config.window_tokens }
+  -- the session options assemble() was given (tools, agent, keep_reasoning, window_tokens,
+  -- auto_compact_threshold); on a resume the daemon restores the recorded ones unless set
+  for k, val in pairs(state.session_opts[root] or {}) do
+    params[k] = val
+  end
   if resume_sid then
     params.session_id = resume_sid
     params.resume = true
@@ -248,7 +254,12 @@ end
 --- assemble(opts, cb): a user turn in the project's session; cb(err, prompt) gets the
 --- AssembledPrompt {system, messages, tools, reminders, usage, events, prefix_hash, session_id}.
 --- opts: text (required), cwd (default: the current buffer's project root), model (default:
---- setup's), touched_paths (optional list of paths for conditional rules and skills).
+--- setup's), touched_paths (optional list of paths for conditional rules and skills), and the
+--- session options used when the project's session is opened: tools (OpenAI tool
+--- declarations), agent ({name, version}), keep_reasoning ("none"|"current_turn"|"all"),
+--- window_tokens, auto_compact_threshold.
+local SESSION_OPTS = { "tools", "agent", "keep_reasoning", "window_tokens", "auto_compact_threshold" }
+
 function M.assemble(opts, cb)
   opts = opts or {}
   if type(opts.text) ~= "string" or opts.text == "" then
@@ -258,6 +269,13 @@ function M.assemble(opts, cb)
   end
   local root = opts.cwd and normalize_dir(opts.cwd) or M.project_root()
   local model = opts.model or config.model
+  local sopts = {}
+  for _, k in ipairs(SESSION_OPTS) do
+    sopts[k] = opts[k]
+  end
+  if next(sopts) ~= nil then
+    state.session_opts[root] = sopts
+  end
   session_call(root, model, "session.turn", function(sid)
     return { session_id = sid, kind = "user", text = opts.text, touched_paths = opts.touched_paths }
   end, function(err, prompt)

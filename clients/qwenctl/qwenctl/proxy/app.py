@@ -1,0 +1,321 @@
+"""The proxy's ASGI app (Starlette on uvicorn): routes, auth, body limits, the daemon
+mapping and the upstream call.
+
+``POST [/p/<base64url(dir)>]/v1/chat/completions`` and ``GET [...]/v1/models``; every request
+needs ``Authorization: Bearer <key>`` (else 401, nothing forwarded). A chat request is
+mapped onto a daemon session (``mapping``), its ``messages`` replaced by the client's system
+prompt plus the project's sections and the daemon's history, everything else forwarded
+unchanged with httpx; the upstream's status, content type and body bytes come back
+unchanged (SSE chunk by chunk) and the reply is recorded. A client that disconnects
+mid-stream cancels the upstream call; what arrived is recorded as a cut reply.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import httpx2 as httpx
+import structlog
+from starlette.applications import Starlette
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from qwenctl.proxy import keys
+from qwenctl.proxy.conversation import BadRequest, parse
+from qwenctl.proxy.mapping import SessionMap, system_text
+from qwenctl.proxy.reply import StreamAccumulator, message_of_completion, usage_of
+from qwenctxd.client import ClientError, RemoteError
+
+log = structlog.get_logger("qwenctl.proxy")
+MAX_BODY_BYTES = 32 * 1024 * 1024
+SESSION_HEADER = "x-qwenctx-session"
+
+
+@dataclass
+class ProxyConfig:
+    key: str
+    upstream: str  # base URL, e.g. http://127.0.0.1:8080/v1
+    upstream_key: str | None
+    default_cwd: str
+    socket: str | None = None
+    max_body_bytes: int = MAX_BODY_BYTES
+
+
+def error(status: int, message: str, err_type: str = "invalid_request_error",
+          param: str | None = None, code: str | None = None,
+          headers: dict[str, str] | None = None) -> JSONResponse:
+    body = {"error": {"message": message, "type": err_type, "param": param, "code": code}}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+class Proxy:
+    def __init__(self, cfg: ProxyConfig, daemon: Any, http: httpx.AsyncClient) -> None:
+        self.cfg, self.daemon, self.http = cfg, daemon, http
+        self.sessions = SessionMap(daemon)
+
+    # -- request checks ------------------------------------------------------------------------
+    def project(self, request: Request) -> str:
+        token = request.path_params.get("project")
+        if token is None:
+            return self.cfg.default_cwd
+        path = keys.decode_project(token)
+        if path is None or not os.path.isdir(path):
+            raise BadRequest(f"/p/{token[:60]} names no directory (base64url of an absolute "
+                             "path)", None, 404)
+        return path
+
+    def upstream_headers(self) -> dict[str, str]:
+        h = {"content-type": "application/json", "accept-encoding": "identity"}
+        if self.cfg.upstream_key:
+            h["authorization"] = f"Bearer {self.cfg.upstream_key}"
+        return h
+
+    async def read_body(self, request: Request) -> dict[str, Any]:
+        cap = self.cfg.max_body_bytes
+        declared = request.headers.get("content-length")
+        if declared and declared.isdigit() and int(declared) > cap:
+            raise BadRequest(f"request body over {cap} bytes", None, 413)
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > cap:
+                raise BadRequest(f"request body over {cap} bytes", None, 413)
+            chunks.append(chunk)
+        try:
+            body = json.loads(b"".join(chunks))
+        except ValueError as exc:
+            raise BadRequest(f"request body is not JSON: {exc}") from None
+        if not isinstance(body, dict):
+            raise BadRequest("request body must be a JSON object")
+        return body
+
+    # -- routes --------------------------------------------------------------------------------
+    async def models(self, request: Request) -> Response:
+        if not keys.bearer_ok(request.headers.get("authorization"), self.cfg.key):
+            return unauthorized()
+        try:
+            r = await self.http.get(self.cfg.upstream.rstrip("/") + "/models",
+                                    headers=self.upstream_headers())
+        except httpx.HTTPError as exc:
+            return error(502, f"upstream unreachable: {type(exc).__name__}", "upstream_error")
+        return Response(r.content, status_code=r.status_code,
+                        media_type=r.headers.get("content-type", "application/json"))
+
+    async def chat(self, request: Request) -> Response:
+        if not keys.bearer_ok(request.headers.get("authorization"), self.cfg.key):
+            return unauthorized()
+        try:
+            cwd = self.project(request)
+            body = await self.read_body(request)
+            model = body.get("model")
+            if not isinstance(model, str) or not model:
+                raise BadRequest("model must be a non-empty string", "model")
+            tools = body.get("tools")
+            if tools is not None and not isinstance(tools, list):
+                raise BadRequest("tools must be a list", "tools")
+            if not isinstance(body.get("stream", False), bool):
+                raise BadRequest("stream must be a boolean", "stream")
+            conv = parse(body.get("messages"))
+        except BadRequest as exc:
+            return error(exc.status, exc.message, param=exc.param)
+        except ClientDisconnect:
+            return Response(status_code=499)
+        header = request.headers.get(SESSION_HEADER)
+        key = session_key(header) if header else conv.conversation_id(cwd)
+        return ChatExchange(self, key, cwd, model, body, conv, tools)
+
+
+def session_key(header: str) -> str:
+    import uuid
+
+    try:
+        return str(uuid.UUID(header))
+    except ValueError:
+        return str(uuid.uuid5(uuid.NAMESPACE_URL, "qwenctx-session:" + header))
+
+
+def unauthorized() -> JSONResponse:
+    return error(401, "missing or wrong bearer key (see `qwenctl proxy key`)",
+                 code="invalid_api_key", headers={"www-authenticate": "Bearer"})
+
+
+class ChatExchange(Response):
+    """One chat request from mapping to recording; an ASGI response so that it holds the
+    conversation's lock for the whole exchange and sees the client disconnect."""
+
+    def __init__(self, proxy: Proxy, key: str, cwd: str, model: str, body: dict[str, Any],
+                 conv: Any, tools: list[dict[str, Any]] | None) -> None:
+        self.proxy, self.key, self.cwd, self.model = proxy, key, cwd, model
+        self.body, self.conv, self.tools = body, conv, tools
+        self.background = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        sm = self.proxy.sessions
+        st = sm.state(self.key)
+        async with st.lock:
+            try:
+                prompt = await self._map(st)
+                appended = await sm.appended_text(st.session_id or "", self.cwd, self.model,
+                                                  prompt.get("prefix_hash", ""))
+            except RemoteError as exc:
+                sm.forget(st)
+                status = 400 if exc.code == -32602 else 503 if exc.code == -32005 else 502
+                field = exc.data.get("field") if isinstance(exc.data, dict) else None
+                await error(status, f"qwenctxd refused the request: {exc.message}",
+                            "invalid_request_error" if status == 400 else "daemon_error",
+                            param=field)(scope, receive, send)
+                return
+            except (ClientError, OSError) as exc:
+                sm.forget(st)
+                await error(503, f"qwenctxd unreachable: {exc}", "daemon_error")(
+                    scope, receive, send)
+                return
+            out = dict(self.body)
+            system = system_text(self.conv.system, appended)
+            out["messages"] = ([{"role": "system", "content": system}] if system else []) + \
+                list(prompt["messages"])
+            await self._forward(st, out, scope, receive, send)
+
+    async def _map(self, st: Any) -> dict[str, Any]:
+        sm = self.proxy.sessions
+        try:
+            return await sm.map(st, cwd=self.cwd, model=self.model, conv=self.conv,
+                                tools=self.tools)
+        except RemoteError as exc:
+            if exc.code != -32001:
+                raise
+            sm.forget(st)  # the daemon restarted and forgot the session: reopen once
+            return await sm.map(st, cwd=self.cwd, model=self.model, conv=self.conv,
+                                tools=self.tools)
+
+    async def _forward(self, st: Any, out: dict[str, Any], scope: Scope, receive: Receive,
+                       send: Send) -> None:
+        p = self.proxy
+        sid_header = [(b"x-qwenctx-session", (st.session_id or "").encode())]
+        req = p.http.build_request("POST", p.cfg.upstream.rstrip("/") + "/chat/completions",
+                                   content=json.dumps(out).encode(), headers=p.upstream_headers())
+        try:
+            resp = await p.http.send(req, stream=True)
+        except httpx.HTTPError as exc:
+            await error(502, f"upstream unreachable: {type(exc).__name__}: {exc}",
+                        "upstream_error")(scope, receive, send)
+            return
+        headers = [(b"content-type", resp.headers.get("content-type", "application/json")
+                    .encode()), *sid_header]
+        if resp.headers.get("cache-control"):
+            headers.append((b"cache-control", resp.headers["cache-control"].encode()))
+        try:
+            if resp.status_code != 200 or not self.body.get("stream"):
+                await self._whole(st, resp, headers, send)
+            else:
+                await self._stream(st, resp, headers, receive, send)
+        finally:
+            await resp.aclose()
+
+    async def _whole(self, st: Any, resp: httpx.Response, headers: list[tuple[bytes, bytes]],
+                     send: Send) -> None:
+        try:
+            raw = await resp.aread()
+        except httpx.HTTPError as exc:
+            await send_error_raw(send, 502, f"upstream reply cut: {type(exc).__name__}")
+            return
+        if resp.status_code == 200:
+            try:
+                parsed = json.loads(raw)
+            except ValueError:
+                parsed = None
+            msg = message_of_completion(parsed)
+            if msg is not None:
+                await self._record(st, msg, usage_of(parsed))
+        await send({"type": "http.response.start", "status": resp.status_code,
+                    "headers": [*headers, (b"content-length", str(len(raw)).encode())]})
+        await send({"type": "http.response.body", "body": raw})
+
+    async def _stream(self, st: Any, resp: httpx.Response, headers: list[tuple[bytes, bytes]],
+                      receive: Receive, send: Send) -> None:
+        acc = StreamAccumulator()
+        cut: str | None = None
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        async with anyio.create_task_group() as tg:
+
+            async def watch_disconnect() -> None:
+                nonlocal cut
+                while True:
+                    msg = await receive()
+                    if msg["type"] == "http.disconnect":
+                        cut = "the client disconnected"
+                        tg.cancel_scope.cancel()
+                        return
+
+            tg.start_soon(watch_disconnect)
+            try:
+                async for chunk in resp.aiter_raw():
+                    acc.feed(chunk)
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                await send({"type": "http.response.body", "body": b""})
+            except httpx.HTTPError:
+                cut = "the upstream stream broke off"
+                await send({"type": "http.response.body", "body": b""})
+            except OSError:
+                cut = "the client disconnected"
+            tg.cancel_scope.cancel()
+        with anyio.CancelScope(shield=True):
+            await self._record(st, acc.message(cut), usage_of({"usage": acc.usage}))
+        if cut:
+            log.info("proxy reply cut", session=st.session_id, reason=cut, bytes=acc.bytes)
+
+    async def _record(self, st: Any, msg: dict[str, Any], usage: dict[str, int] | None) -> None:
+        try:
+            await self.proxy.sessions.record(st, msg, usage)
+        except (ClientError, OSError) as exc:
+            log.warning("proxy could not record the reply", session=st.session_id,
+                        error=str(exc))
+            self.proxy.sessions.forget(st)
+
+
+async def send_error_raw(send: Send, status: int, message: str) -> None:
+    body = json.dumps({"error": {"message": message, "type": "upstream_error", "param": None,
+                                 "code": None}}).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json")]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def build_app(cfg: ProxyConfig) -> Starlette:
+    from contextlib import asynccontextmanager
+
+    from qwenctl.proxy.daemon_link import DaemonLink
+
+    holder: dict[str, Proxy] = {}
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette):  # type: ignore[no-untyped-def]
+        limits = httpx.Limits(max_connections=256, max_keepalive_connections=64)
+        timeout = httpx.Timeout(connect=10.0, read=600.0, write=60.0, pool=60.0)
+        daemon = DaemonLink(cfg.socket)
+        async with anyio.create_task_group() as tg, httpx.AsyncClient(
+                limits=limits, timeout=timeout) as http:
+            await tg.start(daemon.run)
+            holder["proxy"] = Proxy(cfg, daemon, http)
+            yield
+            tg.cancel_scope.cancel()
+
+    async def chat(request: Request) -> Response:
+        return await holder["proxy"].chat(request)
+
+    async def models(request: Request) -> Response:
+        return await holder["proxy"].models(request)
+
+    routes = [
+        Route("/v1/chat/completions", chat, methods=["POST"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/p/{project}/v1/chat/completions", chat, methods=["POST"]),
+        Route("/p/{project}/v1/models", models, methods=["GET"]),
+    ]
+    return Starlette(routes=routes, lifespan=lifespan)

@@ -1,0 +1,109 @@
+"""``qwenctl proxy`` (serve), ``qwenctl proxy key`` and ``qwenctl proxy env``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+from qwenctl.daemon_link import EXIT_OK, EXIT_USAGE
+from qwenctl.proxy import keys
+
+if TYPE_CHECKING:
+    from qwenctl.cli import Ctx
+
+UPSTREAM_KEY_ENV = "QWENCTXD_PROXY_UPSTREAM_KEY"
+
+
+def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser("proxy", parents=[common],
+                       help="OpenAI-compatible proxy that runs requests through the daemon")
+    p.add_argument("action", nargs="?", choices=("key", "env"),
+                   help="key: print the bearer key; env: print export lines for this directory"
+                        " (default: serve)")
+    p.add_argument("--listen", default=keys.DEFAULT_LISTEN,
+                   help=f"HOST:PORT to listen on (default {keys.DEFAULT_LISTEN}; port 0 picks one)")
+    p.add_argument("--upstream", help="upstream OpenAI base URL (default: the configured "
+                   "model endpoint)")
+    p.add_argument("--cwd", help="the project of plain /v1 requests (default: the current "
+                   "directory); with `env`: the directory to print the lines for")
+    p.add_argument("--default-cwd", help="with `env`: the --cwd the proxy was started with "
+                   "(then that directory gets the plain /v1 URL)")
+
+
+def cmd_proxy(ctx: Ctx) -> int:
+    a = ctx.args
+    if a.action == "key":
+        sys.stdout.write(keys.load_or_create_key() + "\n")
+        return EXIT_OK
+    if a.action == "env":
+        cwd = Path(a.cwd or os.getcwd()).resolve()
+        url = keys.base_url(a.listen, cwd, a.default_cwd)
+        sys.stdout.write("\n".join(keys.env_lines(url, keys.load_or_create_key())) + "\n")
+        return EXIT_OK
+    return serve(ctx)
+
+
+def _upstream(ctx: Ctx, key: str) -> tuple[str | None, str | None]:
+    from qwenctxd.config import ConfigStore
+
+    ep = ConfigStore().load_global().endpoint()
+    url = ctx.args.upstream or ep.base_url
+    if not url:
+        url = (ctx.call("daemon.status").get("model") or {}).get("base_url")
+    up_key = os.environ.get(UPSTREAM_KEY_ENV) or ep.api_key
+    if up_key == key:  # OPENAI_API_KEY came from `eval "$(qwenctl proxy env)"`
+        up_key = None
+    return url, up_key
+
+
+def serve(ctx: Ctx) -> int:
+    import structlog
+    import uvicorn
+
+    from qwenctl.proxy.app import ProxyConfig, build_app
+
+    a = ctx.args
+    host, _, port_s = a.listen.rpartition(":")
+    if not host or not port_s.isdigit():
+        sys.stderr.write(f"qwenctl proxy: --listen wants HOST:PORT, not {a.listen!r}\n")
+        return EXIT_USAGE
+    cwd = str(Path(a.cwd or os.getcwd()).resolve())
+    if not os.path.isdir(cwd):
+        sys.stderr.write(f"qwenctl proxy: --cwd {cwd} is not a directory\n")
+        return EXIT_USAGE
+    key = keys.load_or_create_key()
+    ctx.call("daemon.ping")  # autostarts the daemon unless --no-autostart
+    url, up_key = _upstream(ctx, key)
+    ctx.close()
+    if not url:
+        sys.stderr.write("qwenctl proxy: no upstream: pass --upstream URL or configure the "
+                         "model endpoint (OPENAI_BASE_URL, config.toml [model])\n")
+        return EXIT_USAGE
+    sock = socket.socket(socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host.strip("[]"), int(port_s)))
+    except OSError as exc:
+        sys.stderr.write(f"qwenctl proxy: cannot listen on {a.listen}: {exc.strerror}\n")
+        return EXIT_USAGE
+    bound = f"{host}:{sock.getsockname()[1]}"
+    up = urlsplit(url)
+    if up.hostname in (host, "localhost", "127.0.0.1") and up.port == sock.getsockname()[1]:
+        sys.stderr.write(f"qwenctl proxy: the upstream {url} is this proxy itself; pass "
+                         "--upstream with the real model endpoint\n")
+        return EXIT_USAGE
+    structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
+    cfg = ProxyConfig(key=key, upstream=url, upstream_key=up_key, default_cwd=cwd,
+                      socket=a.socket)
+    sys.stderr.write(f"qwenctl proxy: listening on {keys.base_url(bound)} (project {cwd}, "
+                     f"upstream {url})\n")
+    sys.stderr.flush()
+    config = uvicorn.Config(build_app(cfg), log_level="warning", access_log=False,
+                            lifespan="on", timeout_graceful_shutdown=5)
+    uvicorn.Server(config).run(sockets=[sock])
+    return EXIT_OK

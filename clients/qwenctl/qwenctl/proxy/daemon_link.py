@@ -1,0 +1,75 @@
+"""The proxy's one connection to the daemon, re-established when the daemon restarts.
+
+An ``AsyncClient`` lives in a task of its own (its reader task group must be entered and left
+by one task); a call that finds the connection lost asks that task for a new one and is
+retried once. A daemon restarted in between has forgotten its open sessions, which the
+mapping handles (SessionNotFound → reopen, resuming the recorded file).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import structlog
+
+from qwenctxd.client import AsyncClient, ConnectionLost, DaemonUnreachable
+
+log = structlog.get_logger("qwenctl.proxy")
+LOST = (ConnectionLost, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError)
+
+
+class DaemonLink:
+    def __init__(self, socket: str | None) -> None:
+        self.socket = socket
+        self._client: AsyncClient | None = None
+        self._generation = 0
+        self._want = anyio.Event()
+        self._ready = anyio.Event()
+        self._error: BaseException | None = None
+
+    async def run(self, *, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
+        """Hold the connection; reconnect when a caller reports it lost. Run in a task group."""
+        started = False
+        while True:
+            try:
+                async with AsyncClient(self.socket) as client:
+                    await client.call("daemon.hello", {"client": {"name": "qwenctl-proxy"},
+                                                       "protocol": 1})
+                    self._client, self._error = client, None
+                    self._generation += 1
+                    self._ready.set()
+                    if not started:
+                        started = True
+                        task_status.started()
+                    await self._want.wait()
+                    self._want = anyio.Event()
+            except DaemonUnreachable as exc:
+                if not started:
+                    raise
+                self._client, self._error = None, exc
+                self._ready.set()
+                await anyio.sleep(0.2)
+                await self._want.wait()
+                self._want = anyio.Event()
+
+    async def _renew(self, seen: int) -> AsyncClient:
+        if self._generation == seen and self._ready.is_set():
+            self._ready = anyio.Event()
+            self._want.set()
+        await self._ready.wait()
+        if self._client is None:
+            raise self._error or DaemonUnreachable(str(self.socket), "no connection")
+        return self._client
+
+    async def call(self, method: str, params: Any = None) -> Any:
+        gen, client = self._generation, self._client
+        if client is None:
+            client = await self._renew(gen)
+            gen = self._generation
+        try:
+            return await client.call(method, params)
+        except LOST:
+            log.info("proxy lost the daemon connection; reconnecting", method=method)
+            client = await self._renew(gen)
+            return await client.call(method, params)

@@ -1,0 +1,153 @@
+"""Map a client's full chat history onto a daemon session, request after request.
+
+The proxy remembers, per conversation, which client messages it has already turned into
+daemon steps (by :func:`conversation.fingerprint`), so each request maps only what is new:
+user messages become ``session.turn {kind: "user"}``, tool messages ``session.turn {kind:
+"tool_results"}``, assistant messages the proxy did not record itself ``session.record_model``;
+the last step (the current input) yields the AssembledPrompt that is forwarded. A request
+that repeats the last one exactly (a retry after an upstream error) reuses its prompt. A
+history that no longer extends what was mapped (the client regenerated, edited or started
+over with the same first message) is mapped onto a fresh daemon session — the old one stays
+recorded — so the daemon's history always is the client's.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import structlog
+
+from qwenctl.proxy.conversation import Conversation, fingerprint, steps
+
+log = structlog.get_logger("qwenctl.proxy")
+MAX_CONVERSATIONS = 1024
+SEPARATOR = "\n\n---\n\n"
+
+
+@dataclass
+class Mapped:
+    key: str
+    session_id: str | None = None
+    fps: list[str] = field(default_factory=list)
+    awaiting: bool = False  # the last mapped input has no reply recorded yet
+    pending: list[str] = field(default_factory=list)
+    last_prompt: dict[str, Any] | None = None
+    lock: anyio.Lock = field(default_factory=anyio.Lock)
+
+
+class SessionMap:
+    def __init__(self, daemon: Any) -> None:
+        self.daemon = daemon  # an AsyncClient-like object with ``call(method, params)``
+        self._states: OrderedDict[str, Mapped] = OrderedDict()
+        self._extra: dict[str, tuple[str, str]] = {}  # session -> (prefix_hash, appended text)
+
+    def state(self, key: str) -> Mapped:
+        st = self._states.get(key)
+        if st is None:
+            st = self._states[key] = Mapped(key)
+            while len(self._states) > MAX_CONVERSATIONS:
+                old = next(iter(self._states))
+                if self._states[old].lock.locked():
+                    break
+                del self._states[old]
+        self._states.move_to_end(key)
+        return st
+
+    async def _open(self, st: Mapped, session_id: str, cwd: str, model: str,
+                    tools: list[dict[str, Any]] | None) -> int:
+        params: dict[str, Any] = {"cwd": cwd, "model": model, "session_id": session_id}
+        if tools:
+            params["tools"] = tools
+        res = await self.daemon.call("session.open", params)
+        st.session_id, st.fps, st.pending, st.awaiting, st.last_prompt = (
+            res["session_id"], [], [], False, None)
+        return int(res["messages"])
+
+    async def map(self, st: Mapped, *, cwd: str, model: str, conv: Conversation,
+                  tools: list[dict[str, Any]] | None) -> dict[str, Any]:
+        """Map ``conv`` onto ``st``'s daemon session and return the prompt to forward.
+        Call with ``st.lock`` held."""
+        dialogue = conv.dialogue
+        fps = [fingerprint(m) for m in dialogue]
+        start = 0
+        if st.session_id is None:
+            known = await self._open(st, st.key, cwd, model, tools)
+            last_reply = max((i for i, m in enumerate(dialogue) if m["role"] == "assistant"),
+                             default=-1)
+            if known and last_reply >= 0:  # the daemon has this conversation (proxy restarted)
+                start = last_reply + 1
+                st.pending = [c["id"] for c in dialogue[last_reply].get("tool_calls") or []]
+            elif known:  # same first message, but a new conversation
+                await self._open(st, str(uuid.uuid4()), cwd, model, tools)
+        else:
+            k = 0
+            for a, b in zip(st.fps, fps, strict=False):
+                if a != b:
+                    break
+                k += 1
+            if k == len(st.fps) == len(fps) and st.awaiting and st.last_prompt is not None:
+                log.info("proxy retry", session=st.session_id)
+                return st.last_prompt
+            if k < len(st.fps) or k == len(fps):
+                log.info("proxy history diverged: new daemon session", old=st.session_id,
+                         common=k, mapped=len(st.fps), sent=len(fps))
+                await self._open(st, str(uuid.uuid4()), cwd, model, tools)
+            else:
+                start = k
+        assert st.session_id is not None
+        prompt: dict[str, Any] | None = None
+        for step in steps(dialogue[start:], st.pending):
+            if step.kind == "assistant":
+                await self.daemon.call("session.record_model",
+                                       {"session_id": st.session_id, "message": step.message})
+            else:
+                prompt = await self.daemon.call("session.turn", step.turn_params(st.session_id))
+        assert prompt is not None  # conversation.parse refuses a history ending in a reply
+        st.fps, st.awaiting, st.pending, st.last_prompt = fps, True, [], prompt
+        return prompt
+
+    async def record(self, st: Mapped, message: dict[str, Any],
+                     usage: dict[str, int] | None) -> None:
+        """Record the upstream reply (call with ``st.lock`` held)."""
+        params: dict[str, Any] = {"session_id": st.session_id, "message": message}
+        if usage:
+            params["usage"] = usage
+        await self.daemon.call("session.record_model", params)
+        st.fps.append(fingerprint(message))
+        st.awaiting, st.last_prompt = False, None
+        st.pending = [c["id"] for c in message.get("tool_calls") or []]
+
+    def forget(self, st: Mapped) -> None:
+        st.session_id, st.fps, st.awaiting, st.last_prompt = None, [], False, None
+
+    async def appended_text(self, session_id: str, cwd: str, model: str, prefix_hash: str
+                            ) -> str:
+        """The project's instructions and memory sections of the daemon's system prompt
+        (each behind its ``---`` separator), cached per session until the prefix changes."""
+        hit = self._extra.get(session_id)
+        if hit is not None and hit[0] == prefix_hash:
+            return hit[1]
+        sp = await self.daemon.call("prompt.system", {"cwd": cwd, "model": model})
+        text, pos, parts = sp["text"], 0, []
+        for sec in sp["sections"]:
+            if sec["name"] in ("instructions", "memory"):
+                parts.append(text[pos:pos + sec["chars"]])
+            pos += sec["chars"]
+        extra = "".join(parts)
+        if len(self._extra) > MAX_CONVERSATIONS:
+            self._extra.clear()
+        self._extra[session_id] = (prefix_hash, extra)
+        return extra
+
+
+def system_text(client_system: str, appended: str) -> str:
+    """The client's system prompt with the project's sections behind ``---``."""
+    if not appended:
+        return client_system
+    if not client_system:
+        return appended[len(SEPARATOR):] if appended.startswith(SEPARATOR) else appended
+    return client_system + appended

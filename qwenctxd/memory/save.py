@@ -1,0 +1,115 @@
+"""Saving one memory document on a client's behalf (``memory.save``, used by ``qwenctl mcp``).
+
+A save lands like any other memory write: the document is rendered as a topic file
+(frontmatter ``name`` / ``description`` / ``type`` + body) at ``<scope root>/<type>/<slug>.md``,
+vetted by the team secret guard when it goes to team memory (a hit raises
+:class:`~qwenctxd.protocol.errors.SecretDetected` naming rule ids only), refused when the
+target resolves outside its scope (a symlinked topic directory), written through the caller's
+``write`` (the daemon passes the audit log's atomic, logged write), and followed by the scope's
+``MEMORY.md`` rebuild and :meth:`MemoryService.landed` (re-scan + ``memory/changed``).
+
+The file name is the slug of ``name``, so saving the same name again updates that memory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio
+import yaml
+
+from qwenctxd.memory import index as mindex
+from qwenctxd.memory import paths as mpaths
+from qwenctxd.memory import secrets
+from qwenctxd.memory.service import MemoryService
+from qwenctxd.protocol.errors import InvalidParams, PathOutsideProject, SecretDetected
+
+MAX_NAME_CHARS = 200
+MAX_DESCRIPTION_CHARS = 1_000
+MAX_BODY_BYTES = 64 * 1024
+MAX_SLUG_CHARS = 80
+
+Writer = Callable[[Path, str], None]
+
+
+@dataclass(frozen=True)
+class SaveOutcome:
+    path: Path
+    scope: str
+    created: bool
+
+
+def slug(name: str) -> str:
+    """A file stem for ``name``: word characters (any script) joined by ``-``, lower case."""
+    out = re.sub(r"[^\w]+", "-", name.lower()).strip("-_")[:MAX_SLUG_CHARS].strip("-_")
+    return out or "memory-" + hashlib.sha256(name.encode()).hexdigest()[:8]
+
+
+def one_line(value: str) -> str:
+    return " ".join(value.split())
+
+
+def render_document(mem_type: str, name: str, description: str, body: str) -> str:
+    head = yaml.safe_dump({"name": name, "description": description, "type": mem_type},
+                          sort_keys=False, allow_unicode=True, width=10_000)
+    return f"---\n{head}---\n\n{body.strip()}\n"
+
+
+def _bad(field: str, message: str) -> InvalidParams:
+    return InvalidParams(f"{field}: {message}", data={"field": field, "message": message})
+
+
+def validated(name: str, description: str, body: str) -> tuple[str, str, str]:
+    name, description = one_line(name), one_line(description)
+    if not name:
+        raise _bad("name", "empty")
+    if len(name) > MAX_NAME_CHARS:
+        raise _bad("name", f"longer than {MAX_NAME_CHARS} characters")
+    if len(description) > MAX_DESCRIPTION_CHARS:
+        raise _bad("description", f"longer than {MAX_DESCRIPTION_CHARS} characters")
+    if not body.strip():
+        raise _bad("body", "empty")
+    if len(body.encode("utf-8", errors="surrogatepass")) > MAX_BODY_BYTES:
+        raise _bad("body", f"larger than {MAX_BODY_BYTES} bytes")
+    return name, description, body
+
+
+async def save(service: MemoryService, cwd: Path, *, mem_type: str, name: str,
+               description: str, body: str, scope: str, write: Writer) -> SaveOutcome:
+    name, description, body = validated(name, description, body)
+    roots = service.roots(cwd)
+    root = roots.for_scope(scope)
+    if root is None:
+        raise _bad("scope", "team memory is off here (memory.enableTeamMemory, needs a git "
+                            "repository)" if scope == "team" else "not available")
+    await service.project(cwd)  # scaffolds the project and user roots
+    target = root / mem_type / f"{slug(name)}.md"
+    text = render_document(mem_type, name, description, body)
+    if scope == "team":
+        hits = secrets.scan(text)
+        if hits:
+            raise SecretDetected(secrets.block_message(hits),
+                                 data={"rules": [h.rule_id for h in hits]})
+
+    def land() -> bool:
+        if scope == "team":
+            (root / mem_type).mkdir(parents=True, exist_ok=True)
+            try:
+                mindex.check_team_root(root)
+            except mindex.TeamMemoryRootSecurityError as exc:
+                raise PathOutsideProject(str(exc), data={"path": str(target)}) from None
+        if mpaths.scope_of(target, roots) != scope:
+            raise PathOutsideProject(f"{target} resolves outside the {scope} memory",
+                                     data={"path": str(target)})
+        created = not target.exists()
+        write(target, text)
+        mindex.rebuild_index(root, scope)  # type: ignore[arg-type]
+        return created
+
+    created = await anyio.to_thread.run_sync(land)
+    await service.landed(cwd, {"saved": str(target), "scope": scope})
+    return SaveOutcome(path=target, scope=scope, created=created)

@@ -1,0 +1,149 @@
+"""Test harness for ``qwenctl proxy``: a spawned daemon whose model endpoint is a scripted
+OpenAI server, and the proxy as a real subprocess (``qwenctl proxy --listen 127.0.0.1:0``)
+in front of that same server."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from qwenctxd.testing.openai_stub import Reply, ScriptedOpenAI
+from qwenctxd.testing.spawn import SpawnedDaemon
+
+
+class RunningProxy:
+    def __init__(self, daemon: SpawnedDaemon, upstream: str, cwd: Path,
+                 extra_env: dict[str, str] | None = None) -> None:
+        self.daemon = daemon
+        env = {**daemon.env, "QWENCTXD_SOCKET": str(daemon.socket), **(extra_env or {})}
+        self.env = env
+        self.log = daemon.root / "proxy.log"
+        self._log = open(self.log, "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "qwenctl", "proxy", "--no-autostart", "--listen",
+             "127.0.0.1:0", "--upstream", upstream, "--cwd", str(cwd)],
+            env=env, stdin=subprocess.DEVNULL, stdout=self._log, stderr=self._log, cwd=cwd)
+        deadline = time.monotonic() + 20
+        self.base_url = ""
+        while time.monotonic() < deadline:
+            m = re.search(r"listening on (http://\S+/v1)", self.log.read_text(errors="replace"))
+            if m:
+                self.base_url = m.group(1)
+                break
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"proxy exited {self.proc.returncode}:\n{self.log_text()}")
+            time.sleep(0.05)
+        else:
+            raise TimeoutError(f"proxy did not start:\n{self.log_text()}")
+        self.key = subprocess.run(
+            [sys.executable, "-m", "qwenctl", "proxy", "key"], env=env, check=True,
+            capture_output=True, text=True).stdout.strip()
+        self._wait_serving()
+
+    def _wait_serving(self) -> None:
+        import httpx2 as httpx
+
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                httpx.get(self.base_url + "/models", timeout=2)
+                return
+            except httpx.HTTPError:
+                time.sleep(0.05)
+        raise TimeoutError(f"proxy not serving:\n{self.log_text()}")
+
+    @property
+    def root(self) -> str:
+        return self.base_url[: -len("/v1")]
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self._log.close()
+
+
+def daemon_for(spawn: type[SpawnedDaemon], stub: ScriptedOpenAI,
+               env: dict[str, str] | None = None) -> SpawnedDaemon:
+    """A daemon whose side queries (summaries, extraction) go to ``stub``."""
+    return spawn(env={"OPENAI_BASE_URL": stub.base_url, "OPENAI_API_KEY": "upstream-key",
+                      "OPENAI_MODEL": "stub-model", **(env or {})}).start()
+
+
+def project(root: Path, name: str, qwen_md: str) -> Path:
+    d = root / name
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "QWEN.md").write_text(qwen_md)
+    return d
+
+
+
+CLIENT_SYSTEM = "You are TestBot, a terse assistant."
+SUMMARY = ("<analysis>draft</analysis>\n<state_snapshot>\n<primary_request_and_intent>Answer "
+           "the numbered questions.</primary_request_and_intent>\n<next_step>Keep going."
+           "</next_step>\n</state_snapshot>")
+
+
+class Upstream:
+    """Scripted answers for the requests the proxy forwards (they carry the client's system
+    prompt); the daemon's own side queries get a compaction summary when they ask for one,
+    else a plain answer."""
+
+    def __init__(self) -> None:
+        self.replies: list[Reply] = []
+
+    def __call__(self, body: dict[str, Any]) -> Reply:
+        msgs = body.get("messages") or []
+        first = msgs[0].get("content") if msgs else ""
+        if isinstance(first, str) and first.startswith(CLIENT_SYSTEM) and self.replies:
+            return self.replies.pop(0)
+        if "state_snapshot" in json.dumps(msgs):
+            return Reply(content=SUMMARY)
+        return Reply(content="{}")
+
+
+@pytest.fixture
+def upstream() -> Iterator[tuple[ScriptedOpenAI, Upstream]]:
+    script = Upstream()
+    with ScriptedOpenAI(strict_chat=True, handler=script) as stub:
+        yield stub, script
+
+
+def forwarded(stub: ScriptedOpenAI) -> list[dict[str, Any]]:
+    """The chat bodies the proxy forwarded (not the daemon's side queries)."""
+    return [r.body for r in stub.chat_requests
+            if str((r.body.get("messages") or [{}])[0].get("content", "")).startswith(
+                CLIENT_SYSTEM)]
+
+
+def client(proxy: RunningProxy, **kw: Any) -> openai.OpenAI:
+    return openai.OpenAI(base_url=proxy.base_url, api_key=proxy.key, max_retries=0,
+                         timeout=kw.pop("timeout", 60.0), **kw)
+
+
+@pytest.fixture
+def setup(spawn: type[SpawnedDaemon], upstream: tuple[ScriptedOpenAI, Upstream]
+          ) -> Iterator[tuple[RunningProxy, ScriptedOpenAI, Upstream, Path]]:
+    """A daemon, a project with a QWEN.md, and the proxy in front of the strict upstream."""
+    stub, script = upstream
+    d = daemon_for(spawn, stub)
+    proj = project(d.root, "proj", "Always answer in haiku.\n")
+    proxy = RunningProxy(d, stub.base_url, proj)
+    yield proxy, stub, script, proj
+    proxy.stop()
