@@ -26,7 +26,9 @@ JSONL ≤ 1.5 s with peak RSS ≤ 3× the file size. SPEC: the warm turn has cac
    eviction: the floor any implementation pays. ``copy.deepcopy`` is shown for context only
    (it does not do the job, and it shares the big strings anyway).
 3. Resume: a 100 000-record JSONL of ~1 KB ChatRecords (user / assistant with tool_calls /
-   tool_result / assistant text with usage), written with msgspec. Each measurement runs in a
+   tool_result / assistant text with usage), written with msgspec in Qwen Code's format (Gemini
+   Content payloads, ``usageMetadata``) as the daemon writes them, so ``resume`` pays the
+   conversion back to OpenAI messages. Each measurement runs in a
    FRESH interpreter (``RESUME_RUNS`` each, alternating): ``records.resume(path)`` vs the stdlib
    baseline ``json.loads`` per line keeping the message dicts. Wall time of the call only
    (not interpreter start-up), peak RSS from ``ru_maxrss`` (whole process, interpreter
@@ -54,6 +56,7 @@ import msgspec
 from bench.common import percentile, save
 from qwenctxd.client import Client
 from qwenctxd.compaction.micro import CLEARED_TOOL_RESULT, micro_compact
+from qwenctxd.sessions import gemini_format
 from qwenctxd.sessions.records import ChatRecord
 from qwenctxd.testing.spawn import SpawnedDaemon
 
@@ -373,6 +376,7 @@ def write_jsonl(path: Path) -> float:
     parent: str | None = None
     t_base = 1_750_000_000.0
     tool_text = code_blob(1500)
+    names: dict[str, str] = {}
     t0 = time.perf_counter()
     with open(path, "wb") as f:
         for n in range(RESUME_RECORDS):
@@ -402,8 +406,10 @@ def write_jsonl(path: Path) -> float:
             rid = str(uuid.uuid4())
             ts = time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(t_base + n))
             enc.encode_into(ChatRecord(uuid=rid, parentUuid=parent, sessionId=sid, timestamp=ts,
-                                       type=rtype, cwd=cwd, version="0.1.0", message=msg,
-                                       usage=usage, model=model), buf, len(buf))
+                                       type=rtype, cwd=cwd, version="0.1.0",
+                                       message=gemini_format.to_content(msg, names),
+                                       usageMetadata=gemini_format.to_usage_metadata(usage),
+                                       model=model), buf, len(buf))
             buf.extend(b"\n")
             parent = rid
             if len(buf) > 1 << 20:

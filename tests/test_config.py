@@ -397,3 +397,39 @@ async def test_project_file_created_later_is_picked_up(env: Env) -> None:
         write(env.project_file(), '{"fastModel": 1}')
         await eventually(lambda: env.project in store.project_errors, "bad project edit")
         assert store.for_project(env.project).fast_model == "project-fast"  # last good kept
+
+
+# -- .env files (Qwen Code keeps OPENAI_* there) ------------------------------------------------
+def test_qwen_dotenv_supplies_openai_vars_below_the_real_environment(env: Env) -> None:
+    write(env.home / ".qwen" / ".env",
+          "# my key\nexport OPENAI_API_KEY='sk-from-file'\n"
+          'OPENAI_BASE_URL="http://dotenv/v1"  \nOPENAI_MODEL=qwen3-coder # the usual\n')
+    s = env.store().load_global()
+    ep = s.endpoint()
+    assert (ep.base_url, ep.api_key, ep.model) == ("http://dotenv/v1", "sk-from-file",
+                                                   "qwen3-coder")
+    env.environ.update(OPENAI_MODEL="from-env")  # the real environment wins
+    assert env.store().load_global().endpoint().model == "from-env"
+    store = env.store()
+    store.load_global()
+    assert env.home / ".qwen" / ".env" in store.files
+
+
+def test_project_dotenv_overrides_the_user_one_for_that_project(env: Env) -> None:
+    write(env.home / ".qwen" / ".env", "OPENAI_MODEL=user-model\nOPENAI_BASE_URL=http://u/v1\n")
+    write(env.project / ".qwen" / ".env", "OPENAI_MODEL=project-model\n")
+    store = env.store()
+    store.load_global()
+    proj = store.for_project(env.project).endpoint()
+    assert (proj.model, proj.base_url) == ("project-model", "http://u/v1")
+    assert store.global_settings.endpoint().model == "user-model"
+
+
+def test_toml_beats_dotenv_and_a_bad_dotenv_value_names_the_file(env: Env) -> None:
+    write(env.toml_file, '[model]\nmodel = "toml-model"\n')
+    write(env.home / ".qwen" / ".env", "OPENAI_MODEL=dotenv-model\nQWENCTXD_MODEL_TIMEOUT_S=soon\n")
+    with pytest.raises(ConfigError) as exc:
+        env.store().load_global()
+    assert str(env.home / ".qwen" / ".env") in str(exc.value)
+    write(env.home / ".qwen" / ".env", "OPENAI_MODEL=dotenv-model\nthis line is junk\n")
+    assert env.store().load_global().endpoint().model == "toml-model"

@@ -27,6 +27,28 @@ def markers(text: str) -> list[str]:
             if line.startswith("--- Context from: ")]
 
 
+def rule_markers(text: str) -> list[str]:
+    return [line[len("--- Rule from: "):-len(" ---")] for line in text.splitlines()
+            if line.startswith("--- Rule from: ")]
+
+
+def test_output_language_file_loads_after_the_agents_chain_and_before_the_local_file(
+        daemon: SpawnedDaemon) -> None:
+    repo, cwd = build_tree(daemon.home)
+    write(daemon.home / ".qwen" / "output-language.md",
+          "# Output language preference: auto\nRespond in the user's language.\n")
+    r = prompt(daemon, cwd)
+    names = markers(r["text"])
+    assert names[-3:] == ["../AGENTS.md", "../../../../../.qwen/output-language.md",
+                          "../../../.qwen/QWEN.local.md"]
+    assert ("--- Context from: ../../../../../.qwen/output-language.md ---\n"
+            "# Output language preference: auto\nRespond in the user's language.\n"
+            "--- End of Context from: ../../../../../.qwen/output-language.md ---") in r["text"]
+    rule = r["text"].index("--- Rule from: .qwen/rules/style.md ---")
+    assert r["text"].index("--- End of Context from: ../../../.qwen/QWEN.local.md ---") < rule
+    assert "--- End of Rule from: .qwen/rules/style.md ---" in r["text"]
+
+
 def prompt(d: SpawnedDaemon, cwd: Path, **kw) -> dict:  # type: ignore[no-untyped-def]
     return d.call("prompt.system", {"cwd": str(cwd), **kw})
 
@@ -57,8 +79,9 @@ def test_layered_order_and_markers(daemon: SpawnedDaemon) -> None:
         "../../../../../.qwen/AGENTS.md",
         "../AGENTS.md",
         "../../../.qwen/QWEN.local.md",
-        "../../../.qwen/rules/style.md",
     ]
+    # rules sit in Qwen Code's own markers, the path relative to the project root
+    assert rule_markers(r["text"]) == [".qwen/rules/style.md"]
     assert "--- Context from: ../QWEN.md ---\nsub qwen\n--- End of Context from: ../QWEN.md ---" in r["text"]
     # the instructions sit behind exactly one --- separator after the base prompt
     base, sep, rest = r["text"].partition("\n\n---\n\n")
@@ -328,6 +351,6 @@ def test_extension_context_files_load_after_the_hierarchy(daemon: SpawnedDaemon)
     write(ext / "HELPER.md", "extension says hi\n")
     r = prompt(daemon, cwd)
     names = markers(r["text"])
-    assert names[-3:] == ["../../../../../.qwen/extensions/helper/HELPER.md",
-                          "../../../.qwen/QWEN.local.md", "../../../.qwen/rules/style.md"]
+    assert names[-2:] == ["../../../../../.qwen/extensions/helper/HELPER.md",
+                          "../../../.qwen/QWEN.local.md"]
     assert ("extension" in [f["type"] for f in r["files"]])

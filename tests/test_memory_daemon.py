@@ -245,3 +245,26 @@ def test_model_timeout_falls_back_within_the_timeout(spawn) -> None:  # type: ig
         assert time.monotonic() - t0 < 3
         assert r["strategy"] == "heuristic" and r["fell_back"] == "timeout"
         assert r["docs"][0]["path"] == str(a)
+
+
+def test_a_one_character_cjk_query_recalls_nothing(spawn) -> None:  # type: ignore[no-untyped-def]
+    with ScriptedOpenAI() as stub:
+        d = spawn(env=model_env(stub)).start()
+        repo = repo_in(d.home)
+        st = d.call("memory.status", {"cwd": str(repo)})
+        project = Path(st["roots"]["project"])
+        remember(project, "project", "deploy", "部署流程", "生产环境部署需要先通知运维",
+                 "每次部署前在群里通知运维同事。")
+        remember(project, "project", "ninsho", "認証の手順", "認証サーバーの設定", "認証は毎朝確認する。")
+        remember(project, "project", "baepo", "배포 절차", "배포 전에 공지", "배포는 금요일 금지.")
+        deadline = time.monotonic() + 5
+        while len(d.call("memory.list", {"cwd": str(repo)})["docs"]) < 3:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        before = len(stub.chat_requests)
+        for q in ("部", "認", "배"):
+            r = d.call("memory.recall", {"cwd": str(repo), "query": q})
+            assert r["docs"] == [], (q, r)
+        assert len(stub.chat_requests) == before  # noise never reaches the selector model
+        # two characters are a word again
+        assert d.call("memory.recall", {"cwd": str(repo), "query": "部署"})["docs"]

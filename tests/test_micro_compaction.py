@@ -219,18 +219,20 @@ def test_evicted_read_paths_and_unresolved() -> None:
     assert res.unresolved_evicted_reads == 3  # c (bad JSON), d (no path), zz (no call)
 
 
-def test_edit_and_shell_results_are_cleared_without_paths() -> None:
+def test_edit_and_write_results_are_evicted_like_reads_shell_results_are_not() -> None:
     msgs = [
         {
             "role": "assistant",
             "content": None,
             "tool_calls": [
+                call("w", "write_file", {"file_path": "/w.py", "content": "x"}),
                 call("a", "edit", {"file_path": "/e.py"}),
                 call("b", "run_shell_command", {}),
                 call("c", "grep_search", {}),
                 call("d", "my_tool", {}),
             ],
         },
+        {"role": "tool", "tool_call_id": "w", "name": "write_file", "content": BIG},
         {"role": "tool", "tool_call_id": "a", "name": "edit", "content": BIG},
         {"role": "tool", "tool_call_id": "b", "name": "run_shell_command", "content": BIG},
         {"role": "tool", "tool_call_id": "c", "name": "grep_search", "content": BIG},
@@ -240,10 +242,12 @@ def test_edit_and_shell_results_are_cleared_without_paths() -> None:
     assert [m["content"] == CLEARED_TOOL_RESULT for m in res.messages[1:]] == [
         True,
         True,
+        True,
         False,
         False,
     ]
-    assert res.evicted_read_paths == [] and res.unresolved_evicted_reads == 0
+    # upstream (issue #4239): a cleared edit / write_file result disarms that file's read cache
+    assert res.evicted_read_paths == ["/w.py", "/e.py"] and res.unresolved_evicted_reads == 0
 
 
 def test_small_results_are_not_replaced() -> None:

@@ -203,3 +203,30 @@ async def test_project_summary_failure_raises(openai_stub: ScriptedOpenAI) -> No
     finally:
         await client.aclose()
     assert info.value.data["reason"] == "http_500"
+
+
+@pytest.mark.asyncio
+async def test_recap_drops_embedded_system_reminders_and_asks_for_the_language(
+        strict_openai_stub: ScriptedOpenAI) -> None:
+    stub = strict_openai_stub
+    stub.push(Reply(content="<recap>你在修解析器。下一步：加测试。</recap>"))
+    history = [
+        {"role": "user", "content": [
+            {"type": "text", "text": "<system-reminder>\nRULE BODY\n</system-reminder>"},
+            {"type": "text", "text": "修一下解析器"}]},
+        {"role": "assistant", "content": "好的。"},
+        {"role": "user", "content": "before <system-reminder>MEMORY BODY</system-reminder> after"},
+    ]
+    client = _client(stub)
+    try:
+        result = await recap(client, history)
+    finally:
+        await client.aclose()
+    assert result.status == "ok" and result.text == "你在修解析器。下一步：加测试。"
+    [req] = stub.requests
+    sent = json.dumps(req.body["messages"][1:], ensure_ascii=False)
+    assert "RULE BODY" not in sent and "MEMORY BODY" not in sent and "system-reminder" not in sent
+    assert "修一下解析器" in sent and "before" in sent and "after" in sent
+    assert "language" in req.body["messages"][0]["content"]
+    assert dialog_messages([{"role": "user", "content": "<system-reminder>x</system-reminder>"}]
+                           ) == []

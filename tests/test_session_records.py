@@ -69,9 +69,14 @@ def test_write_then_read_and_chain(path: Path) -> None:
     assert got[3].parentUuid == a.uuid  # given → kept
     assert got[4].parentUuid is None
     assert all(r.sessionId == SID and r.cwd == "/w/proj" and r.version == "9.9" for r in got)
-    assert got[1].usage == {"prompt_tokens": 10, "completion_tokens": 2}
+    assert got[1].usageMetadata == {"promptTokenCount": 10, "candidatesTokenCount": 2,
+                                    "totalTokenCount": 12}
     assert got[1].model == "qwen3-coder"
-    assert got[1].message["tool_calls"][0]["id"] == "c1"
+    # Qwen Code's own payload: a Gemini Content with a functionCall part
+    assert got[1].message == {"role": "model", "parts": [
+        {"functionCall": {"id": "c1", "name": "ls", "args": {}}}]}
+    assert got[2].message == {"role": "user", "parts": [
+        {"functionResponse": {"id": "c1", "name": "ls", "response": {"output": "a.txt"}}}]}
     assert got[0].timestamp.endswith("Z") and "T" in got[0].timestamp
     # the line uses Qwen Code's camelCase names and omits unset fields
     first = json.loads(path.read_bytes().splitlines()[1])
@@ -316,7 +321,7 @@ def test_kill9_mid_append_loses_at_most_the_last_line(path: Path) -> None:
         proc.wait()
     acked = max([acked, *(int(x) for x in rest.split())])
     res = read_records(path)
-    ids = [int(r.message["content"].split(":", 1)[0]) for r in res.records]
+    ids = [int(r.message["parts"][0]["text"].split(":", 1)[0]) for r in res.records]
     assert ids == list(range(len(ids)))  # in order, no gaps
     assert len(ids) >= acked + 1  # every acknowledged (fully written) record is there
     assert len(ids) <= acked + 2

@@ -25,7 +25,7 @@ def mk(name: str, desc: str = "does things", level: Level = "user", **kw) -> Ski
 
 
 def names_in(text: str) -> list[str]:
-    return re.findall(r"<name>(.*?)</name>", text)
+    return re.findall(r"<name>\n(.*?)\n</name>", text)
 
 
 def test_visible_rules() -> None:
@@ -48,10 +48,11 @@ def test_snapshot_format_and_escaping() -> None:
     text, rendered = render_snapshot(skills)
     assert rendered == ["a", "b"]
     assert text.startswith("<system-reminder>\n") and text.endswith("\n</system-reminder>")
-    assert "<available_skills>\n<skill>\n<name>a</name>\n" in text
-    assert "<description>Use &lt;b&gt; &amp; \"q\" — when x &lt; y</description>" in text
-    assert "<location>project</location>" in text and "<location>bundled</location>" in text
-    assert text.index("<name>a</name>") < text.index("<name>b</name>")
+    assert "<available_skills>\n<skill>\n<name>\na\n</name>\n" in text
+    assert ("<description>\nUse &lt;b&gt; &amp; &quot;q&quot; — when x &lt; y (project)\n"
+            "</description>\n<location>\nproject\n</location>\n</skill>") in text
+    assert "<location>\nproject\n</location>" in text and "<location>\nbundled\n</location>" in text
+    assert text.index("<name>\na\n</name>") < text.index("<name>\nb\n</name>")
     assert "<b>" not in text
 
 
@@ -69,7 +70,7 @@ def test_budget_trims_descriptions_first() -> None:
     assert len(text) <= 2000
     assert rendered == [f"s{i}" for i in range(5)]
     assert "more detail" not in text and "WHEN" not in text
-    assert text.count("<description>Short first line.</description>") == 5
+    assert text.count("<description>\nShort first line. (user)\n</description>") == 5
     assert "left out" not in text
 
 
@@ -92,7 +93,7 @@ def test_budget_with_300_skills_keeps_most_relevant_and_says_so() -> None:
     project = sorted((s for s in skills if s.level == "project"),
                      key=lambda s: (-(s.priority or 0.0), s.name))
     assert set(rendered) == {s.name for s in project[: len(rendered)]}
-    assert all(len(d) <= 200 for d in re.findall(r"<description>(.*?)</description>", text))
+    assert all(len(d) <= 200 for d in re.findall(r"<description>\n(.*?) \(\w+\)\n</description>", text))
 
 
 def test_one_left_out_is_singular() -> None:
@@ -117,7 +118,7 @@ def test_delta_rendering() -> None:
     assert text is not None
     assert text.startswith("<system-reminder>") and text.endswith("</system-reminder>")
     assert names_in(text) == ["api-rules", "new"]
-    assert "<description>First line</description>" in text and "second" not in text
+    assert "<description>\nFirst line (user)\n</description>" in text and "second" not in text
     assert "Rules for &lt;api&gt;" in text
     assert '"old-one"' in text and json.dumps('we"ird') in text
     only_removed = render_delta([], ["gone"], [])

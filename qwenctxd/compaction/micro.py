@@ -28,7 +28,8 @@ threshold) clears only ``tool`` items, media is left alone (seed §7.4).
 An item is only replaced when that saves tokens (a 3-character result is not swapped for a
 9-token placeholder), so ``tokens_saved`` — the drop in
 :func:`~qwenctxd.compaction.estimate.history_tokens` — is positive whenever anything changed.
-Results already holding the placeholder are skipped. For every cleared ``read_file`` result
+Results already holding the placeholder are skipped. For every cleared ``read_file``, ``edit``
+or ``write_file`` result
 the ``file_path`` (or ``path``) argument of its call is reported in ``evicted_read_paths`` so
 the caller can disarm that file's read cache; a cleared read whose call cannot be found or whose
 arguments do not parse counts in ``unresolved_evicted_reads`` (the caller must then wipe the
@@ -79,8 +80,9 @@ CLEARED_MEDIA_PREFIX = "[Old inline media cleared:"
 COMPACTABLE_TOOLS = frozenset(
     {"read_file", "run_shell_command", "grep_search", "glob", "web_fetch", "edit", "write_file"}
 )
-READ_TOOLS = frozenset({"read_file"})
-"""Tools whose cleared result is reported in ``evicted_read_paths``."""
+READ_TOOLS = frozenset({"read_file", "edit", "write_file"})
+"""Tools whose cleared result is reported in ``evicted_read_paths``: a read, and (as upstream,
+issue #4239) an edit or a write, whose result also stood for the file's content in context."""
 
 _TOOL_PLACEHOLDER_TOKENS = estimate_tokens(CLEARED_TOOL_RESULT)
 _MIME_FALLBACK = {

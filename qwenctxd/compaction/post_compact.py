@@ -439,8 +439,13 @@ async def compress(
     timeout_s: float | None = None,
     file_tools: FileToolSet | None = None,
     touched_paths: Sequence[str] = (),
+    max_files: int = 5,
+    max_images: int = 3,
 ) -> CompressionResult:
     """One full compression of ``history`` (never raises for model or hook failures).
+
+    ``max_files`` / ``max_images`` (``model.chatCompression.maxRecentFilesToRetain`` /
+    ``maxRecentImagesToRetain``) bound the restored attachments; 0 restores none.
 
     ``noop`` when there is nothing before the current input to summarise. The pending tool-call
     message and the current input (see :func:`split_current_input`) are kept after the summary
@@ -480,6 +485,8 @@ async def compress(
         current_input=current,
         file_tools=file_tools,
         touched_paths=touched_paths,
+        max_files=max_files,
+        max_images=max_images,
     )
     tokens_after = estimate_history(new_history)
     if tokens_after >= tokens_before:

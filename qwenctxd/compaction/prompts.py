@@ -182,8 +182,9 @@ _RECAP = """\
 You write the short "where were we" note a developer sees when returning to a coding session \
 after a break. Read the conversation and reply with one to three plain sentences inside \
 <recap>...</recap>: first what the user is working on, then the next step. No Markdown, no \
-lists, no preamble, nothing outside the tags. Do not continue the conversation or answer the \
-user's last message; only describe it."""
+lists, no preamble, nothing outside the tags. Write in the language the conversation is held \
+in (the user's language), not necessarily English. Do not continue the conversation or answer \
+the user's last message; only describe it."""
 
 
 def project_summary_prompt() -> str:

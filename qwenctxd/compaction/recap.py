@@ -3,7 +3,8 @@
 :func:`recap` shows the model only the recent *dialog*: user text and assistant prose from the
 last 30 such messages, with tool calls, tool results, media and reasoning removed (a file dump
 would drown the recap model; hidden reasoning would leak into a user-visible note), sliced to
-start at a user message. It never raises: any problem yields ``status="unavailable"`` with a
+start at a user message; ``<system-reminder>`` blocks embedded in user text are dropped too, and
+the prompt asks for the conversation's own language. It never raises: any problem yields ``status="unavailable"`` with a
 reason. :func:`project_summary` asks for the ``# Project Summary`` Markdown document and raises
 ``ModelUnavailable`` on failure so the caller can map it to its protocol error; its output is
 judged before anyone writes it (:func:`project_summary_problem`: reason ``unusable_output``).
@@ -48,6 +49,7 @@ _RECAP_REQUEST = "Write the recap of the conversation above now, inside <recap> 
 _SUMMARY_REQUEST = "Write the project summary for the conversation above now."
 _RECAP_TAG = re.compile(r"<recap>(.*?)(?:</recap>|\Z)", re.DOTALL | re.IGNORECASE)
 _THINK = re.compile(r"<think>.*?(?:</think>|\Z)", re.DOTALL | re.IGNORECASE)
+_SYSTEM_REMINDER = re.compile(r"<system-reminder>.*?(?:</system-reminder>|\Z)", re.DOTALL)
 _SENTENCE_END = re.compile(r"[.!?\u3002\uff01\uff1f]+(?=\s|$)|[\u3002\uff01\uff1f]")
 _MAX_SENTENCES: Final = 3
 
@@ -60,16 +62,21 @@ class RecapResult(msgspec.Struct, kw_only=True):
     reason: str | None = None
 
 
+def _without_reminders(text: str) -> str:
+    """``text`` without its ``<system-reminder>`` blocks (injected context, not the dialog)."""
+    return _SYSTEM_REMINDER.sub("", text) if "<system-reminder>" in text else text
+
+
 def _dialog_text(content: Any) -> str:
     if isinstance(content, str):
-        return content.strip()
+        return _without_reminders(content).strip()
     if isinstance(content, list):
         texts = [
-            p.get("text", "")
+            _without_reminders(p.get("text", ""))
             for p in content
             if isinstance(p, Mapping) and p.get("type") == "text" and isinstance(p.get("text"), str)
         ]
-        return "\n".join(t for t in texts if t.strip()).strip()
+        return "\n".join(t.strip() for t in texts if t.strip()).strip()
     return ""
 
 
@@ -80,7 +87,8 @@ def dialog_messages(
 
     Tool results and system messages are left out, assistant messages keep only their prose
     (a tool-call-only message disappears), media and reasoning are dropped, and neighbours of
-    the same role (left adjacent by the removals) are merged.
+    the same role (left adjacent by the removals) are merged. ``<system-reminder>`` blocks
+    inside user text (rules, skills, memories, the environment) are not dialog and go too.
     """
     dialog: list[dict[str, str]] = []
     for msg in history:

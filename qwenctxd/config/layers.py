@@ -88,7 +88,7 @@ _UNION_LISTS = frozenset(
 class Layer:
     """One validated configuration source."""
 
-    kind: str  # "settings" | "toml" | "env"
+    kind: str  # "settings" | "toml" | "env" | "dotenv"
     source: str  # what error messages call it: a file path or "environment"
     path: Path | None = None
     data: Mapping[str, Any] = field(default_factory=dict)
@@ -98,6 +98,11 @@ class Layer:
         """``(file, key)`` for an error at Settings key path ``key`` within this layer."""
         if self.kind == "toml" and (key == "model_endpoint" or key.startswith("model_endpoint.")):
             return self.source, "model" + key[len("model_endpoint") :]
+        if self.kind == "dotenv":
+            for var, (section, name) in ENV_VARS.items():
+                if key == f"{section}.{name}":
+                    return self.source, var
+            return self.source, key
         if self.kind == "env":
             for var, (section, name) in ENV_VARS.items():
                 if key == f"{section}.{name}":
@@ -290,6 +295,19 @@ def _warn_if_readable_by_others(path: Path) -> None:
 
 
 # -- environment --------------------------------------------------------------------------------
+def dotenv_layer(path: Path) -> Layer:
+    """The ``OPENAI_*`` (and ``QWENCTXD_*``) variables of a ``.env`` file, as a layer. Blocking."""
+    from qwenctxd.config.dotenv import read_dotenv
+
+    values = read_dotenv(path)
+    try:
+        layer = env_layer(values)
+    except ConfigError as exc:
+        var = exc.file.removeprefix("environment (").removesuffix(")")
+        raise ConfigError(str(path), var, exc.problem) from None
+    return Layer("dotenv", str(path), path, layer.data, path.is_file())
+
+
 def env_layer(environ: Mapping[str, str]) -> Layer:
     """The environment's keys (empty variables count as unset)."""
     data: dict[str, dict[str, Any]] = {}

@@ -1,8 +1,10 @@
 """The daemon's configuration store: layered settings, per-project views, live reload.
 
 Precedence, lowest to highest: built-in defaults < ``~/.qwen/settings.json`` <
-``<project>/.qwen/settings.json`` < ``$XDG_CONFIG_HOME/qwenctxd/config.toml`` < environment
-(reading and validating each source is ``layers.py``'s job).
+``<project>/.qwen/settings.json`` < ``~/.qwen/.env`` < ``<project>/.qwen/.env`` <
+``$XDG_CONFIG_HOME/qwenctxd/config.toml`` < environment (reading and validating each source is
+``layers.py``'s job). The ``.env`` files supply ``OPENAI_*`` as Qwen Code reads them, below
+the real environment; they are read at start-up and at each reload of the global settings.
 
 ``load_global`` builds the settings without a project and raises ``ConfigError`` (file, key,
 problem): the daemon refuses to start with that message. ``for_project(root)`` adds that
@@ -22,7 +24,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import anyio
@@ -34,6 +36,7 @@ from anyio.abc import TaskGroup, TaskStatus
 from qwenctxd.config.layers import (
     Layer,
     build,
+    dotenv_layer,
     env_layer,
     read_config_toml,
     read_settings_json,
@@ -59,6 +62,7 @@ class _Project:
     root: Path
     file: Path
     layer: Layer  # last good project layer (empty if missing or never valid)
+    dotenv: Layer = field(default_factory=lambda: Layer("dotenv", ""))  # <root>/.qwen/.env
 
 
 class ConfigStore:
@@ -88,6 +92,8 @@ class ConfigStore:
         xdg = xdg_config or Path(env.get("XDG_CONFIG_HOME") or home_dir / ".config")
         self.user_settings_file = _abs(qwen_dir / "settings.json")
         self.config_file = _abs(xdg / "qwenctxd" / "config.toml")
+        self.user_env_file = _abs(qwen_dir / ".env")
+        self._dotenv = Layer("dotenv", str(self.user_env_file), self.user_env_file)
         self._user = Layer("settings", str(self.user_settings_file), self.user_settings_file)
         self._toml = Layer("toml", str(self.config_file), self.config_file)
         self._env = Layer("env", "environment")
@@ -125,7 +131,8 @@ class ConfigStore:
     @property
     def files(self) -> list[Path]:
         """Existing files in play, global ones in precedence order, then project files."""
-        out = [layer.path for layer in (self._user, self._toml) if layer.present and layer.path]
+        out = [layer.path for layer in (self._user, self._dotenv, self._toml)
+               if layer.present and layer.path]
         out.extend(p.file for p in self._projects.values() if p.layer.present)
         return out
 
@@ -138,10 +145,11 @@ class ConfigStore:
         """Read defaults + user settings + config.toml + environment; ConfigError if invalid."""
         env = env_layer(self._env_mapping())
         user = read_settings_json(self.user_settings_file)
+        dotenv = dotenv_layer(self.user_env_file)
         toml = read_config_toml(self.config_file)
-        settings = build([user, toml, env])
+        settings = build([user, dotenv, toml, env])
         previous = self._global
-        self._env, self._user, self._toml = env, user, toml
+        self._env, self._user, self._toml, self._dotenv = env, user, toml, dotenv
         self._clear_global_errors()
         self._commit_global(settings)
         log.info(
@@ -199,21 +207,25 @@ class ConfigStore:
             except ConfigError as exc:
                 self._project_failed(root, exc, fallback="global settings")
         proj = _Project(root, file, layer)
-        settings = self._project_settings(proj) if layer.data else glob
+        if file != self.user_settings_file:
+            proj.dotenv = dotenv_layer(_abs(Path(root) / ".qwen" / ".env"))
+        settings = self._project_settings(proj) if layer.data or proj.dotenv.data else glob
         self._projects[root] = proj
         self._cache[root] = settings
         if file != self.user_settings_file:
             self._file_roots[str(file)] = root
+            self._file_roots[str(_abs(Path(root) / ".qwen" / ".env"))] = root
             self._resubscribe(new_root=root)
         return settings
 
     def _project_settings(self, proj: _Project) -> Settings:
         """Merged settings for ``proj``; the global ones if its layer does not merge."""
         glob = self.global_settings
-        if not proj.layer.data:
+        if not proj.layer.data and not proj.dotenv.data:
             return glob
         try:
-            return build([self._user, proj.layer, self._toml, self._env])
+            return build([self._user, proj.layer, self._dotenv, proj.dotenv, self._toml,
+                          self._env])
         except ConfigError as exc:
             self._project_failed(proj.root, exc, fallback="global settings")
             return glob
@@ -293,7 +305,8 @@ class ConfigStore:
 
     async def _on_changes(self, changes: set[FileChange]) -> None:
         touched = {path for _, path in changes}
-        do_global = str(self.user_settings_file) in touched or str(self.config_file) in touched
+        do_global = bool(touched & {str(self.user_settings_file), str(self.config_file),
+                                    str(self.user_env_file)})
         roots = [self._file_roots[p] for p in touched if p in self._file_roots]
         if do_global or roots:
             await self._reload(do_global, roots)
@@ -306,18 +319,19 @@ class ConfigStore:
             for root in roots:
                 await self._reload_project(root)
 
-    def _read_global_files(self) -> tuple[Layer, Layer]:
-        return read_settings_json(self.user_settings_file), read_config_toml(self.config_file)
+    def _read_global_files(self) -> tuple[Layer, Layer, Layer]:
+        return (read_settings_json(self.user_settings_file), read_config_toml(self.config_file),
+                dotenv_layer(self.user_env_file))
 
     async def _reload_global(self) -> None:
         try:
-            user, toml = await anyio.to_thread.run_sync(self._read_global_files)
-            settings = build([user, toml, self._env])
+            user, toml, dotenv = await anyio.to_thread.run_sync(self._read_global_files)
+            settings = build([user, dotenv, toml, self._env])
         except ConfigError as exc:
             self._bad_edit(exc)
             return
         self._clear_global_errors()
-        self._user, self._toml = user, toml
+        self._user, self._toml, self._dotenv = user, toml, dotenv
         if settings == self._global:
             return
         self._commit_global(settings)
@@ -330,9 +344,11 @@ class ConfigStore:
             return
         try:
             layer = await anyio.to_thread.run_sync(read_settings_json, proj.file)
+            dotenv = await anyio.to_thread.run_sync(
+                dotenv_layer, _abs(Path(root) / ".qwen" / ".env"))
             settings = (
-                build([self._user, layer, self._toml, self._env])
-                if layer.data
+                build([self._user, layer, self._dotenv, dotenv, self._toml, self._env])
+                if layer.data or dotenv.data
                 else self.global_settings
             )
         except ConfigError as exc:
@@ -341,7 +357,7 @@ class ConfigStore:
             return
         self.project_errors.pop(root, None)
         self._errors.pop(str(proj.file), None)
-        proj.layer = layer
+        proj.layer, proj.dotenv = layer, dotenv
         if settings == self._cache.get(root):
             return
         self._cache[root] = settings

@@ -7,7 +7,12 @@ expanded, trimmed, and wrapped in Qwen Code's markers::
     <content>
     --- End of Context from: <path relative to cwd> ---
 
-Blocks are joined by a blank line; baseline rules follow the files in the same markers.
+Blocks are joined by a blank line; baseline rules follow the files in Qwen Code's rule markers,
+the path relative to the project root::
+
+    --- Rule from: .qwen/rules/00-base.md ---
+    <body>
+    --- End of Rule from: .qwen/rules/00-base.md ---
 Everything that went wrong is collected as a problem, and everything that was read or looked
 for is recorded as a dependency so the cache can be invalidated by the watchers.
 """
@@ -70,6 +75,10 @@ def wrap(content: str, rel: str) -> str:
     return f"--- Context from: {rel} ---\n{content}\n--- End of Context from: {rel} ---"
 
 
+def wrap_rule(content: str, rel: str) -> str:
+    return f"--- Rule from: {rel} ---\n{content}\n--- End of Rule from: {rel} ---"
+
+
 def fingerprint(path: Path) -> tuple[int, int] | None:
     try:
         st = os.stat(path)
@@ -123,7 +132,7 @@ def build(discovery: Discovery, *, import_format: str, max_file_bytes: int) -> I
     for path, msg in rules.problems:
         problems.append(Problem(path, "rule", msg))
     for rule in rules.baseline:
-        blocks.append(wrap(rule.body, marker_path(rule.path, cwd)))
+        blocks.append(wrap_rule(rule.body, marker_path(rule.path, root)))
     for path in rules.files:
         prints[path] = fingerprint(path)
     return InstructionSet(

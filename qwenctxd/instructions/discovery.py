@@ -22,6 +22,7 @@ from qwenctxd.fsutil import read_regular
 from qwenctxd.instructions.gitinfo import find_project_root
 
 LOCAL_FILENAME = "QWEN.local.md"
+OUTPUT_LANGUAGE_FILENAME = "output-language.md"
 FileType = Literal["user", "project", "local", "extension"]
 
 
@@ -133,6 +134,9 @@ def discover(
             add(InstructionFile(ext, "extension"))
         else:
             result.problems.append((ext, "extension context file not found or not a file"))
+    output_language = qwen_dir / OUTPUT_LANGUAGE_FILENAME
+    if _is_readable_file(output_language, probed):
+        add(InstructionFile(output_language, "user"))
     if root is not None and root != home:
         local = root / ".qwen" / LOCAL_FILENAME
         probed.add(local)

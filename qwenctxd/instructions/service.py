@@ -205,6 +205,16 @@ class InstructionsService:
                 self.invalidate_cwd(cwd)
 
     # -- git ----------------------------------------------------------------------------------
+    async def git_snapshot(self, cwd: Path) -> str:
+        """A fresh git section for a session starting now in ``cwd`` ("" outside a repository).
+
+        Queried now, not taken from the cache: the status lines must be the ones at start."""
+        root = self.project_root(cwd)
+        if root is None:
+            return ""
+        return gitinfo.render_git_section(
+            await gitinfo.git_status(root, timeout_s=GIT_TIMEOUT_S))
+
     async def _git_section(self, root: Path | None) -> tuple[str, int]:
         if root is None:
             return "", 0
@@ -261,15 +271,21 @@ class InstructionsService:
         env: Mapping[str, str] | None = None,
         tool_roles: ToolRoles | None = None,
         agent: str | None = None,
+        git_snapshot: str | None = None,
     ) -> SystemPrompt:
         """The system prompt for ``cwd``; the base follows the session's declared tools
-        (``tool_roles``; None: no tools declared) and the client's ``agent`` name (C5)."""
+        (``tool_roles``; None: no tools declared) and the client's ``agent`` name (C5).
+        ``git_snapshot`` (a session's, taken when it began, see :meth:`git_snapshot`) replaces
+        the project's current git section, so a session's prompt prefix does not move when
+        files change or commits land mid-conversation."""
         merged = {k: self._environ[k] for k in PROMPT_ENV_KEYS if k in self._environ}
         if env:
             merged.update({k: v for k, v in env.items() if k in PROMPT_ENV_KEYS})
         env_key = tuple(sorted(merged.items()))
-        pkey = (cwd, model, append, interaction_mode, env_key, tool_roles, agent)
+        pkey = (cwd, model, append, interaction_mode, env_key, tool_roles, agent, git_snapshot)
         root_guess = self.project_root(cwd)
+        if git_snapshot is not None:
+            root_guess = None  # the session brought its own: no git query
         if root_guess is not None and self._git.peek(root_guess) is None \
                 and self._sets.peek(cwd) is None:
             # cold: compute the git section while the instruction set builds in a thread
@@ -284,7 +300,10 @@ class InstructionsService:
         else:
             inst = await self.instruction_set(cwd)
         root = inst.project_root
-        git_section, git_epoch = await self._git_section(root)
+        if git_snapshot is not None:
+            git_section, git_epoch = git_snapshot, -1
+        else:
+            git_section, git_epoch = await self._git_section(root)
         sys_md_print = None
         sys_md_on, sys_md_path = system_md.resolve_path_from_env(
             merged.get("QWEN_SYSTEM_MD"), cwd=cwd, home=self._home())

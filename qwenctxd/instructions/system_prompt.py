@@ -1,5 +1,8 @@
 """Compose the full system prompt: base sections, then userMemory and the append text each
-behind the ``---`` separator (empty → nothing, not even the separator), then git status."""
+behind the ``---`` separator (empty → nothing, not even the separator).
+
+userMemory is laid out as Qwen Code 0.24 sends it: the instruction files and rules, then the
+git snapshot (a blank line apart), then ``---`` and the auto-memory section."""
 
 from __future__ import annotations
 
@@ -41,18 +44,18 @@ def compose(
         piece = text if i == 0 else "\n\n" + text
         parts.append(piece)
         sections.append((name, len(piece)))
-    # userMemory = QWEN.md text (+ rules), then the auto-memory section behind its own ---;
-    # as a whole it sits behind one --- after the base.
-    for name, piece in (("instructions", suffix(instructions)), ("memory", suffix(memory_section))):
+    # userMemory = QWEN.md text (+ rules), the git snapshot, then the auto-memory section
+    # behind its own ---; as a whole it sits behind one --- after the base.
+    inst = suffix(instructions)
+    if inst:
+        parts.append(inst)
+        sections.append(("instructions", len(inst)))
+    if git_section.strip():
+        piece = ("\n\n" if inst else SEPARATOR) + git_section.strip()
+        parts.append(piece)
+        sections.append(("git_status", len(piece)))
+    for name, piece in (("memory", suffix(memory_section)), ("append", suffix(append))):
         if piece:
             parts.append(piece)
             sections.append((name, len(piece)))
-    app = suffix(append)
-    if app:
-        parts.append(app)
-        sections.append(("append", len(app)))
-    if git_section.strip():
-        piece = "\n\n" + git_section.strip()
-        parts.append(piece)
-        sections.append(("git_status", len(piece)))
     return Composed(text="".join(parts), sections=sections)

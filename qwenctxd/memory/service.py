@@ -27,6 +27,7 @@ from qwenctxd.memory import paths as mpaths
 from qwenctxd.memory.index import rebuild_index
 from qwenctxd.memory.lexical import LexicalIndex
 from qwenctxd.memory.prompt import memory_section
+from qwenctxd.memory.tokenize import is_noise_query
 from qwenctxd.model import ModelClient
 from qwenctxd.protocol.errors import ModelUnavailable, PathOutsideProject
 from qwenctxd.tasks import SharedLoads, TaskRegistry
@@ -211,7 +212,8 @@ class MemoryService:
                      exclude: Sequence[str] = (), limit: int = render.MAX_RELEVANT_DOCS
                      ) -> RecallOutcome:
         proj = await self.project(cwd)
-        if not query.strip() or not proj.docs:
+        if not query.strip() or not proj.docs or is_noise_query(query):
+            # nothing to match on (noise such as one CJK character): no recall at all
             return RecallOutcome(strategy="none", docs=[], prompt="")
         by_path = {str(d.path): d for d in proj.docs}
         excluded = set(exclude)

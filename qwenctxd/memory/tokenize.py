@@ -2,20 +2,22 @@
 
 * Text is NFKC-normalised and lower-cased.
 * A run of CJK characters (Han, Hiragana, Katakana, Hangul) becomes its code-point
-  **bigrams** (``部署流程`` → ``部署 署流 流程``); a one-character run stays a unigram.
+  **bigrams** (``部署流程`` → ``部署 署流 流程``); a one-character run yields no query token
+  (upstream treats it as noise: a query of ``部``, ``認`` or ``배`` recalls nothing).
 * Any other run of letters, combining marks and digits is a token when it is at least
   3 characters long (``go``, ``ci`` are dropped); ``_``, ``-`` and punctuation split runs.
 * :func:`tokens` keeps at most 64 distinct tokens: the first 32 distinct (head) and the
   last 32 distinct of the rest (tail, LRU: a repeated tail token moves to the end).
 
-Two deliberate differences from upstream, both small:
+One deliberate difference from upstream, a small one:
 
 * Upstream's CJK class is ``\\p{Script_Extensions=Katakana}``, which also contains CJK
   punctuation (``、。「」【】・`` …), so ``部署。然后`` yields the bigrams ``署。`` and ``。然``.
   Here punctuation splits CJK runs: such bigrams match nothing useful, and SQLite's
   ``unicode61`` tokenizer (the FTS index) would split them anyway.
-* Upstream drops a one-character CJK run (no bigram can be formed); here it stays a
-  unigram, so a query like ``改 bug`` keeps ``改``.
+
+The indexed side (:func:`fts_text`, :func:`cjk_bigrams`) still keeps a one-character run as a
+unigram; it only matters to a query token, and queries no longer produce one.
 
 Python's ``re`` has no ``\\p{Script=…}``: the CJK class is spelled as code-point ranges and
 the combining-mark class is built once (lazily) from :mod:`unicodedata` over the BMP.
@@ -85,10 +87,13 @@ def _bigrams(run: str) -> Iterator[str]:
 
 
 def iter_tokens(text: str) -> Iterator[str]:
-    """Every token of ``text`` in order, repeats included, no cap."""
+    """Every token of ``text`` in order, repeats included, no cap (one-character CJK runs,
+    like upstream's, make no token)."""
     for m in _token_run().finditer(normalize(text)):
         if m.lastgroup == "cjk":
-            yield from _bigrams(m.group())
+            run = m.group()
+            if len(run) > 1:
+                yield from _bigrams(run)
         else:
             yield m.group()
 
@@ -133,3 +138,11 @@ def fts_text(text: str) -> str:
     if _CJK_ONE.search(norm) is None:
         return norm
     return _CJK_RUN.sub(lambda m: " " + " ".join(_bigrams(m.group())) + " ", norm)
+
+
+def is_noise_query(text: str) -> bool:
+    """True for a query with no recall token made only of CJK characters and punctuation
+    (``部``, ``認？``, ``배``): upstream treats it as noise and recalls nothing for it."""
+    norm = normalize(text)
+    return not tokens(norm) and _CJK_ONE.search(norm) is not None and all(
+        _CJK_ONE.match(ch) or not ch.isalnum() for ch in norm)

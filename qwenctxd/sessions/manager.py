@@ -160,6 +160,7 @@ class SessionManager:
         torn: list[int] = []
         if state is not None:
             s.replace_history(state.messages)
+            s.writer.remember_tool_calls(state.messages)
             s.title = state.title
             s.started_at = _parse_iso(state.started_at) or s.started_at
             s.updated_at = _parse_iso(state.updated_at) or s.updated_at
@@ -173,6 +174,7 @@ class SessionManager:
             torn = [t.line_no for t in state.torn]
             for t in state.torn:
                 warnings.append(f"skipped unreadable line {t.line_no} of {path.name}: {t.reason}")
+        s.git_snapshot = await self.instructions.git_snapshot(cwd)
         self.sessions[session_id] = s
         self._opened_at[session_id] = time.time()
         sp = await self.system_prompt(s)
@@ -192,10 +194,11 @@ class SessionManager:
                                torn_lines=torn, warnings=warnings)
 
     async def system_prompt(self, s: Session) -> Any:
-        """The system prompt of ``s``: its model, env, declared tools and agent identity."""
+        """The system prompt of ``s``: its model, env, declared tools, agent identity and the
+        git snapshot taken when it opened."""
         return await self.instructions.system_prompt(
             s.cwd, model=s.model, env=s.env, tool_roles=s.tool_roles,
-            agent=(s.agent or {}).get("name"))
+            agent=(s.agent or {}).get("name"), git_snapshot=s.git_snapshot)
 
     async def _find_file(self, session_id: str, cwd: Path) -> Path | None:
         row = await self.index.get(session_id)
@@ -221,6 +224,8 @@ class SessionManager:
 
     # -- list / recap / summary / delete / close ----------------------------------------------
     async def list(self, cwd: Path | None) -> wire.ListResult:
+        # sessions Qwen Code recorded meanwhile appear too (only changed files are rescanned)
+        await self.index.sync(runtime_base_dir() / "projects")
         rows = await self.index.list(project=str(cwd) if cwd else None)
         out = [
             wire.SessionInfo(session_id=r["session_id"], cwd=r.get("cwd") or "",

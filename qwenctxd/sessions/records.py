@@ -1,9 +1,13 @@
-"""The session JSONL record: one ``ChatRecord`` per line, Qwen Code's field names, OpenAI messages.
+"""The session JSONL record: one ``ChatRecord`` per line, in Qwen Code's own format.
 
 A session lives at ``<runtime base>/projects/<slug>/chats/<session-uuid>.jsonl`` (SPEC §S3). Each
-line is a ``ChatRecord`` whose ``message`` holds one OpenAI chat-completion message dict; a
-``system``/``chat_compression`` record carries the compressed history in
-``systemPayload["compressedHistory"]`` so :func:`resume` can start from the latest one.
+line is a ``ChatRecord`` whose ``message`` holds one Gemini ``Content`` (``{role: "user"|"model",
+parts}``) and whose ``usageMetadata`` holds the reply's token counts, exactly as Qwen Code writes
+them, so either side resumes the other's sessions; a ``system``/``chat_compression`` record
+carries the compressed history (Contents) in ``systemPayload["compressedHistory"]`` so
+:func:`resume` can start from the latest one. The daemon hands the writer OpenAI messages and
+gets OpenAI messages back from :func:`resume`; ``sessions.gemini_format`` converts at this
+boundary. Files written before (OpenAI-shaped ``message``, ``usage``) still resume.
 
 Writing (:class:`JsonlWriter`): msgspec-encoded, one ``write`` of the whole line per record on an
 ``O_APPEND`` descriptor (so the line reaches the kernel at once — "flushed per record"), fsync per
@@ -31,6 +35,7 @@ import msgspec
 
 from qwenctxd.fsutil import open_regular
 from qwenctxd.paths import chats_dir
+from qwenctxd.sessions import gemini_format
 
 RecordType = Literal["user", "assistant", "tool_result", "system"]
 FsyncPolicy = Literal["never", "always", "interval"]
@@ -47,10 +52,12 @@ SUBTYPE_REWIND = "rewind"
 
 
 class ChatRecord(msgspec.Struct, omit_defaults=True, kw_only=True):
-    """One JSONL line. Field names follow Qwen Code's ChatRecord; ``message`` is an OpenAI dict.
+    """One JSONL line. Field names follow Qwen Code's ChatRecord; ``message`` is a Content.
 
     Empty ``uuid``/``sessionId``/``timestamp``/``cwd``/``version`` are filled in by
     :meth:`JsonlWriter.append`; a ``None`` ``parentUuid`` is chained to the previous record.
+    :meth:`JsonlWriter.append` also turns an OpenAI ``message`` into a Content and an OpenAI
+    ``usage`` into ``usageMetadata``; ``usage`` is only read, from files written before.
     """
 
     uuid: str = ""
@@ -62,10 +69,12 @@ class ChatRecord(msgspec.Struct, omit_defaults=True, kw_only=True):
     cwd: str = ""
     version: str = ""
     message: dict[str, Any] | None = None
+    usageMetadata: dict[str, Any] | None = None
     usage: dict[str, Any] | None = None
     model: str | None = None
     systemPayload: dict[str, Any] | None = None
     contextWindowSize: int | None = None
+    provenance: str | None = None
 
 
 class TornLine(msgspec.Struct, frozen=True):
@@ -213,6 +222,8 @@ class JsonlWriter:
             if parent_uuid is msgspec.UNSET:
                 parent_uuid = _tail_uuid(self._fd, size) if size else None
             self.last_uuid: str | None = parent_uuid
+            # tool-call id -> name, for the functionResponse of a later tool result
+            self.tool_names: dict[str, str] = {}
             if not existed and fsync != "never":
                 self._fsync_dir()
         except BaseException:
@@ -240,6 +251,7 @@ class JsonlWriter:
             updates["cwd"] = self.cwd
         if not record.version and self.version:
             updates["version"] = self.version
+        updates.update(self._in_qwen_format(record))
         if updates:
             record = msgspec.structs.replace(record, **updates)
         buf = self._buf
@@ -258,6 +270,36 @@ class JsonlWriter:
             if time.monotonic() - self._last_sync >= self.fsync_interval:
                 self.sync()
         return record
+
+    def remember_tool_calls(self, messages: list[dict[str, Any]]) -> None:
+        """Learn the tool names of an existing history (OpenAI form), e.g. after a resume."""
+        gemini_format.learn_tool_names(messages, self.tool_names)
+
+    def _in_qwen_format(self, record: ChatRecord) -> dict[str, Any]:
+        """The field updates that turn an OpenAI-shaped record into Qwen Code's format."""
+        out: dict[str, Any] = {}
+        msg = record.message
+        if msg is not None and not gemini_format.is_gemini_content(msg):
+            out["message"] = gemini_format.to_content(msg, self.tool_names)
+            shown = gemini_format.display_text(msg)
+            if shown is not None and record.systemPayload is None:
+                out["systemPayload"] = {"displayText": shown}
+            if record.provenance is None:
+                role = msg.get("role")
+                out["provenance"] = {"user": "real_user", "assistant": "assistant_output",
+                                     "tool": "tool_result"}.get(str(role), "system")
+        if record.usage is not None:
+            out["usage"] = None
+            if record.usageMetadata is None:
+                out["usageMetadata"] = gemini_format.to_usage_metadata(record.usage)
+        payload = record.systemPayload
+        hist = payload.get("compressedHistory") if payload else None
+        if payload is not None and isinstance(hist, list) and any(
+                isinstance(m, dict) and not gemini_format.is_gemini_content(m) for m in hist):
+            names = dict(self.tool_names)
+            out["systemPayload"] = {**payload,
+                                    "compressedHistory": gemini_format.to_contents(hist, names)}
+        return out
 
     def append_message(
         self,
@@ -367,6 +409,7 @@ class _ResumeRec(msgspec.Struct, kw_only=True):
     subtype: str | None = None
     cwd: str = ""
     message: dict[str, Any] | None = None
+    usageMetadata: dict[str, Any] | None = None
     usage: dict[str, Any] | None = None
     model: str | None = None
     systemPayload: msgspec.Raw = msgspec.Raw()
@@ -379,7 +422,8 @@ def resume(path: str | os.PathLike[str]) -> ResumeState:
     """Rebuild the API history: the latest checkpoint's compressed history + every later message.
 
     Without a checkpoint, every non-system record's message in file order. Streams the file;
-    messages collected before a checkpoint are dropped when it is met.
+    messages collected before a checkpoint are dropped when it is met. Contents (Qwen Code's
+    format) come back as OpenAI messages; OpenAI-shaped payloads of older files as they are.
     """
     dec = msgspec.json.Decoder(_ResumeRec)
     decode = dec.decode
@@ -414,17 +458,23 @@ def resume(path: str | os.PathLike[str]) -> ResumeState:
                 elif sub == SUBTYPE_COMPRESSION or sub == SUBTYPE_REWIND:
                     hist = payload.get("compressedHistory") if payload else None
                     if isinstance(hist, list):
-                        messages = [m for m in hist if isinstance(m, dict)]
+                        messages = gemini_format.to_message_list(hist)
                         append = messages.append
                         checkpoint_uuid = rec.uuid or None
                         last_usage = anchor = None
                 elif payload and isinstance(payload.get("customTitle"), str):
                     title = payload["customTitle"] or None
         else:
-            if rec.message is not None:
-                append(rec.message)
-            if rec.type == "assistant" and rec.usage is not None:
-                last_usage = rec.usage
+            msg = rec.message
+            if msg is not None:
+                if "parts" in msg:
+                    messages.extend(gemini_format.to_messages(msg))
+                else:
+                    append(msg)
+            usage = rec.usage if rec.usageMetadata is None else \
+                gemini_format.to_openai_usage(rec.usageMetadata)
+            if rec.type == "assistant" and usage is not None:
+                last_usage = usage
                 anchor = len(messages)
             if rec.model:
                 last_model = rec.model

@@ -52,6 +52,7 @@ class Session:
     path: Path
     writer: JsonlWriter
     image_tokens: int = 1600
+    git_snapshot: str | None = None  # the git section taken when the session (re)opened
     messages: list[Message] = field(default_factory=list)
     msg_tokens: list[int] = field(default_factory=list)
     anchor: Anchor | None = None

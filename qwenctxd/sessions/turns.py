@@ -28,6 +28,7 @@ from qwenctxd.protocol import session as wire
 from qwenctxd.protocol.instructions import prefix_hash
 from qwenctxd.sessions import records
 from qwenctxd.sessions.content_parts import check_parts
+from qwenctxd.sessions.environment import environment_reminder
 from qwenctxd.sessions.manager import SessionManager
 from qwenctxd.sessions.state import REASONING_KEYS, Session, system_tokens
 from qwenctxd.sessions.titles import auto_title
@@ -50,6 +51,7 @@ class TurnPipeline:
         async with s.lock:
             events: list[dict[str, Any]] = []
             reminders: list[wire.Reminder] = []
+            first_turn = not s.messages and p.kind == "user"
             new_msgs = self._incoming(s, p, events)
             if p.kind == "user" and s.title is None and p.text:
                 title = auto_title(p.text)
@@ -61,6 +63,9 @@ class TurnPipeline:
             if p.kind == "user" and p.text:
                 self._start_prefetch(s, p.text, p.active_tools or [])
             reminders.extend(await self._skill_reminders(s, p.touched_paths or []))
+            if first_turn:  # date, OS, cwd, folder tree: once, into history (Qwen Code's order)
+                text = await anyio.to_thread.run_sync(environment_reminder, s.cwd)
+                reminders.append(wire.Reminder(kind="environment", text=text))
             reminders.extend(await self._rule_reminders(s, p.touched_paths or []))
             memory = await self._take_prefetch(s, wait=p.kind == "user")
             if memory is not None:
@@ -358,6 +363,8 @@ class TurnPipeline:
             post_hook=post_hook if hook_cfg.get("PostCompact") else None,
             file_tools=s.tool_roles.file_tools() if s.tool_roles is not None else None,
             touched_paths=list(s.touched),
+            max_files=settings.model.chat_compression.max_recent_files_to_retain,
+            max_images=settings.model.chat_compression.max_recent_images_to_retain,
         )
         events: list[dict[str, Any]] = list(result.hook_events)
         if result.status == "compressed":

@@ -100,18 +100,20 @@ def first_line(text: str, limit: int = MAX_TRIMMED_DESCRIPTION) -> str:
 
 
 def render_entry(skill: Skill, *, trimmed: bool = False) -> str:
-    """One ``<skill>`` element, tags on their own lines, text XML-escaped."""
+    """One ``<skill>`` element as Qwen Code 0.24 renders it: every tag and every value on a
+    line of its own, the level after the description, text XML-escaped (quotes included)."""
     if trimmed:
         desc = first_line(skill.description)
     else:
         desc = skill.description
         if skill.when_to_use:
             desc = f"{desc} — {skill.when_to_use}"
+    quotes = {'"': "&quot;", "'": "&apos;"}
     return (
         "<skill>\n"
-        f"<name>{escape(skill.name)}</name>\n"
-        f"<description>{escape(desc)}</description>\n"
-        f"<location>{skill.level}</location>\n"
+        f"<name>\n{escape(skill.name, quotes)}\n</name>\n"
+        f"<description>\n{escape(desc, quotes)} ({skill.level})\n</description>\n"
+        f"<location>\n{skill.level}\n</location>\n"
         "</skill>"
     )
 

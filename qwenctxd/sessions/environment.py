@@ -1,0 +1,126 @@
+"""The environment reminder of a session's first user message: date, OS, cwd, a folder tree.
+
+Qwen Code 0.24 opens every conversation with a startup context in the first user message:
+today's date in words, the operating system, the working directory and a folder structure of
+about 20 entries. The daemon writes the same facts once into history (a ``<system-reminder>``
+part of the first user message of a new session), so they never change the cached prefix.
+
+The tree is gathered breadth-first up to :data:`MAX_TREE_ITEMS` entries (files before folders
+in each directory, names sorted case-insensitively); folders that are never worth listing
+(``.git``, ``node_modules``, virtualenvs, caches) appear as ``name/...`` and are not entered,
+and a directory whose entries did not fit ends with ``...``. Only ``os.scandir``: no file is
+opened, symlinked directories are not followed.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections import deque
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+MAX_TREE_ITEMS = 20
+SKIPPED_DIRS = frozenset({".git", "node_modules", ".venv", "venv", "__pycache__", ".mypy_cache",
+                          ".pytest_cache", ".ruff_cache", ".tox", "dist", "build", ".next"})
+MAX_DIR_ENTRIES = 2_000  # a huge directory is sampled, never read whole
+
+
+@dataclass
+class _Node:
+    name: str
+    is_dir: bool
+    skipped: bool = False
+    children: list[_Node] = field(default_factory=list)
+    truncated: bool = False
+
+
+def _entries(path: Path) -> list[tuple[str, bool]]:
+    out: list[tuple[str, bool]] = []
+    try:
+        with os.scandir(path) as it:
+            for entry in it:
+                try:
+                    is_dir = entry.is_dir(follow_symlinks=False)
+                except OSError:
+                    is_dir = False
+                out.append((entry.name, is_dir))
+                if len(out) >= MAX_DIR_ENTRIES:
+                    break
+    except OSError:
+        return []
+    files = sorted((e for e in out if not e[1]), key=lambda e: e[0].lower())
+    dirs = sorted((e for e in out if e[1]), key=lambda e: e[0].lower())
+    return files + dirs
+
+
+def folder_tree(root: Path, max_items: int = MAX_TREE_ITEMS) -> str:
+    """``root`` and up to ``max_items`` entries below it, drawn as a tree."""
+    top = _Node(name=str(root).rstrip("/") + "/", is_dir=True)
+    queue: deque[tuple[_Node, Path]] = deque([(top, root)])
+    count = 0
+    while queue:
+        node, path = queue.popleft()
+        entries = _entries(path)
+        for name, is_dir in entries:
+            if count >= max_items:
+                node.truncated = True
+                break
+            child = _Node(name=name, is_dir=is_dir, skipped=is_dir and name in SKIPPED_DIRS)
+            node.children.append(child)
+            count += 1
+            if is_dir and not child.skipped:
+                queue.append((child, path / name))
+        if count >= max_items and queue:
+            for pending, pending_path in queue:  # folders never listed: their entries are cut
+                pending.truncated = _entries_exist(pending_path)
+            break
+    lines = [top.name]
+    _draw(top, "", lines)
+    return "\n".join(lines)
+
+
+def _entries_exist(path: Path) -> bool:
+    try:
+        with os.scandir(path) as it:
+            return next(it, None) is not None
+    except OSError:
+        return False
+
+
+def _draw(node: _Node, indent: str, lines: list[str]) -> None:
+    items: list[_Node | None] = [*node.children, *([None] if node.truncated else [])]
+    for i, child in enumerate(items):
+        last = i == len(items) - 1
+        branch = "└───" if last else "├───"
+        if child is None:
+            lines.append(f"{indent}{branch}...")
+            continue
+        suffix = "/..." if child.skipped else "/" if child.is_dir else ""
+        lines.append(f"{indent}{branch}{child.name}{suffix}")
+        if child.is_dir and not child.skipped:
+            _draw(child, indent + ("    " if last else "│   "), lines)
+
+
+def date_in_words(now: datetime) -> str:
+    """``Tuesday, December 1, 2026`` (English, locale-independent)."""
+    days = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
+    months = ("January", "February", "March", "April", "May", "June", "July", "August",
+              "September", "October", "November", "December")
+    return f"{days[now.weekday()]}, {months[now.month - 1]} {now.day}, {now.year}"
+
+
+def environment_reminder(cwd: Path, *, now: datetime | None = None) -> str:
+    """The ``<system-reminder>`` with the session's startup context."""
+    when = now or datetime.now().astimezone()
+    return (
+        "<system-reminder>\n"
+        "Context of this session, gathered when it started.\n"
+        f"Today's date: {date_in_words(when)}.\n"
+        f"Operating system: {sys.platform}\n"
+        f"Working directory: {cwd}\n"
+        f"Folder structure of the working directory (at most {MAX_TREE_ITEMS} entries):\n\n"
+        f"{folder_tree(cwd)}\n"
+        "</system-reminder>"
+    )
