@@ -6,7 +6,6 @@ turns, reasoning replies and resumes; a restart or a stale/oversized ``known`` g
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
