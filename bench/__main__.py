@@ -6,7 +6,7 @@ import importlib
 import sys
 
 ALL = ["ping", "instructions", "sessions", "skills", "recall", "qwenctl_startup", "extraction",
-       "shell_classify", "fuzz", "mcp", "proxy"]
+       "shell_classify", "fuzz", "mcp", "proxy", "incremental", "vs_qwen"]
 
 
 def main(argv: list[str]) -> int:

@@ -203,8 +203,21 @@ class Session:
                              system_tokens=system_tokens)
 
 
+_SYSTEM_TOKENS: dict[tuple[str, int], tuple[list[dict[str, Any]], int]] = {}
+
+
 def system_tokens(system: str, tools: list[dict[str, Any]]) -> int:
+    """The estimate for a system prompt plus tool declarations; cached per (text, tools list),
+    since every turn and reply of a session asks for the same one."""
+    key = (system, id(tools))
+    hit = _SYSTEM_TOKENS.get(key)
+    if hit is not None and hit[0] is tools:
+        return hit[1]
     import msgspec
 
-    return estimate_tokens(system) + (estimate_tokens(msgspec.json.encode(tools).decode())
-                                      if tools else 0)
+    n = estimate_tokens(system) + (estimate_tokens(msgspec.json.encode(tools).decode())
+                                   if tools else 0)
+    if len(_SYSTEM_TOKENS) > 256:
+        _SYSTEM_TOKENS.clear()
+    _SYSTEM_TOKENS[key] = (tools, n)
+    return n

@@ -10,6 +10,7 @@ count on the API's figure.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from typing import Any
@@ -21,7 +22,8 @@ from qwenctxd.compaction import hooks as hooks_mod
 from qwenctxd.compaction import micro, post_compact
 from qwenctxd.compaction.estimate import history_tokens
 from qwenctxd.compaction.summary import join_content
-from qwenctxd.compaction.thresholds import compute_thresholds, context_left_pct, level
+from qwenctxd.compaction.thresholds import compute_thresholds as _compute_thresholds
+from qwenctxd.compaction.thresholds import context_left_pct, level
 from qwenctxd.instructions.rules import relative_to_root, rule_reminder
 from qwenctxd.protocol import errors
 from qwenctxd.protocol import session as wire
@@ -37,6 +39,7 @@ log = structlog.get_logger("qwenctxd.turns")
 NOT_EXECUTED = "[Tool call not executed: the user sent a new message before it ran]"
 MAX_TOUCHED = 2000
 EXTENSION_FIELDS = ("is_error",)  # kept in history for micro-compaction, never sent
+compute_thresholds = functools.lru_cache(maxsize=256)(_compute_thresholds)  # same per session
 
 
 class TurnPipeline:
