@@ -104,6 +104,9 @@ class Session:
     tokens_total: int = 0
     last_user: int = -1
     wire_cut: int = 0
+    # the system+tools estimate of the last assembled prompt: what the API's count for the
+    # reply to it covers (record_model anchors on it without re-building the system prompt)
+    last_system_tokens: int | None = None
 
     @property
     def epoch(self) -> str:

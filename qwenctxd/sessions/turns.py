@@ -387,6 +387,7 @@ class TurnPipeline:
                   known: wire.KnownHistory | None = None) -> wire.AssembledPrompt:
         tokens, anchored = s.estimate(sys_tok)
         s.prompt_tokens = tokens
+        s.last_system_tokens = sys_tok
         th = compute_thresholds(s.window_tokens, s.pct)
         lvl = level(tokens, th)
         usage = wire.Usage(prompt_tokens=tokens, window_tokens=s.window_tokens,
@@ -466,9 +467,11 @@ class TurnPipeline:
             if p.usage is not None:
                 usage = {"prompt_tokens": p.usage.prompt_tokens,
                          "completion_tokens": p.usage.completion_tokens}
-                sp = await self.m.system_prompt(s)
-                s.set_anchor(p.usage.prompt_tokens, p.usage.completion_tokens,
-                             system_tokens(sp.text, s.tools))
+                sys_tok = s.last_system_tokens
+                if sys_tok is None:
+                    sp = await self.m.system_prompt(s)
+                    sys_tok = system_tokens(sp.text, s.tools)
+                s.set_anchor(p.usage.prompt_tokens, p.usage.completion_tokens, sys_tok)
             self.m.record(s, msg, usage=usage)
             answered = await self._answer_own_calls(s, calls)
             s.last_model_reply_at = time.time()
