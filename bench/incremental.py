@@ -22,6 +22,7 @@ import asyncio
 import json
 import multiprocessing
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -224,7 +225,10 @@ def load() -> dict[str, Any]:
     out: dict[str, Any] = {}
     before = before_tree()
     if before is not None:
-        out["before_daemon_full"] = load_run(before, known=False)
+        try:
+            out["before_daemon_full"] = load_run(before, known=False)
+        finally:
+            shutil.rmtree(before, ignore_errors=True)
     out["after_daemon_full"] = load_run(None, known=False)
     out["after_daemon_known"] = load_run(None, known=True)
     return out
