@@ -6,7 +6,8 @@ import importlib
 import sys
 
 ALL = ["ping", "instructions", "sessions", "skills", "recall", "qwenctl_startup", "extraction",
-       "shell_classify", "fuzz", "mcp", "proxy", "connection", "deadlines"]
+       "shell_classify", "fuzz", "mcp", "proxy", "connection", "deadlines", "incremental",
+       "vs_qwen"]
 
 
 def main(argv: list[str]) -> int:

@@ -333,3 +333,57 @@ def test_autostart_starts_the_daemon(nvim: str, spawn: type[SpawnedDaemon], tmp_
             deadline = time.monotonic() + 10
             while d.socket.exists() and time.monotonic() < deadline:
                 time.sleep(0.05)
+
+
+INCREMENTAL = r"""
+  local qc = require("qwenctx")
+  qc.setup({ socket = os.getenv("QT_SOCKET"), model = "m", autostart = false })
+  local raw = {}
+  local request = qc.request
+  qc.request = function(method, params, cb, ropts)  -- observe what goes over the socket
+    return request(method, params, function(err, res)
+      if method == "session.turn" and res then
+        table.insert(raw, { from = res.messages_from, n = #res.messages,
+                            known = params.known and params.known.count or vim.NIL })
+      end
+      cb(err, res)
+    end, ropts)
+  end
+  local root = os.getenv("QT_PROJECT")
+  local prompts = {}
+  for i = 1, 4 do
+    local ok, err, p = await(function(done) qc.assemble({ text = "question " .. i, cwd = root }, done) end)
+    if not ok or err then R.err = vim.inspect(err); return end
+    local c = p.messages[#p.messages].content
+    table.insert(prompts, { n = #p.messages, last = type(c) == "table" and c[#c].text or c,
+                            first = p.messages[1].content, from = p.messages_from })
+    local ok2, err2 = await(function(done)
+      qc.request("session.record_model", { session_id = p.session_id,
+        message = { role = "assistant", content = "answer " .. i } }, done)
+    end)
+    if not ok2 or err2 then R.err = vim.inspect(err2); return end
+  end
+  R.prompts, R.raw = prompts, raw
+"""
+
+
+def test_assemble_sends_known_and_keeps_the_full_history(
+    nvim: str, spawn: type[SpawnedDaemon], tmp_path: Path
+) -> None:
+    d = spawn().start()
+    proj = _project(d.root)
+    env = {**d.env, "QT_OUT": str(tmp_path / "out"), "QT_PROJECT": str(proj),
+           "QT_SOCKET": str(d.socket)}
+    proc = _run_nvim(nvim, LUA_PRELUDE % INCREMENTAL, tmp_path, env, proj)
+    stdout, stderr = proc.communicate(timeout=60)
+    r = json.loads((tmp_path / "out.final").read_text())
+    assert "lua_error" not in r and "err" not in r, (r, stderr)
+    # the caller always sees the whole history: question, answer, question, …
+    assert [p["n"] for p in r["prompts"]] == [1, 3, 5, 7]
+    assert all(p["from"] == 0 and p["last"].endswith(f"question {i}")
+               for i, p in enumerate(r["prompts"], 1))
+    assert all(p["first"] == r["prompts"][0]["first"] for p in r["prompts"])
+    # on the socket: the first reply whole, then only the recorded answer and the new question
+    assert r["raw"][0]["from"] == 0 and r["raw"][0]["known"] is None
+    assert [(x["known"], x["from"], x["n"]) for x in r["raw"][1:]] == [(1, 1, 2), (3, 3, 2),
+                                                                       (5, 5, 2)]

@@ -1,10 +1,12 @@
 """The qwenctxd client library: a blocking ``Client`` and an anyio ``AsyncClient``.
 
 Both speak either framing and raise ``RemoteError`` (the daemon's JSON-RPC error, with code,
-message and data) or ``DaemonUnreachable``. ``Client`` imports no anyio, for fast CLIs.
+message and data) or ``DaemonUnreachable``. ``Client`` imports no anyio, for fast CLIs. ``SessionHistory`` keeps a session's
+message list from incremental ``session.turn`` replies (``known``).
 """
 
 from qwenctxd.client.errors import ClientError, ConnectionLost, DaemonUnreachable, RemoteError
+from qwenctxd.client.history import SessionHistory
 from qwenctxd.client.sync import Client, call
 
 __all__ = [
@@ -14,6 +16,7 @@ __all__ = [
     "ConnectionLost",
     "DaemonUnreachable",
     "RemoteError",
+    "SessionHistory",
     "call",
 ]
 

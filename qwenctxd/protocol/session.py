@@ -52,6 +52,12 @@ class ToolResult(msgspec.Struct, kw_only=True):
     is_error: bool = False
 
 
+class KnownHistory(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """What the client already holds: the ``epoch`` of its copy and how many messages."""
+    epoch: str
+    count: int
+
+
 class TurnParams(Params):
     session_id: str
     kind: Literal["user", "tool_results", "cron"]
@@ -60,6 +66,8 @@ class TurnParams(Params):
     tool_results: list[ToolResult] | None = None
     touched_paths: list[str] | None = None
     active_tools: list[str] | None = None
+    # the client's copy of the history: with a matching epoch only what is new comes back
+    known: KnownHistory | None = None
 
 
 class Thresholds(msgspec.Struct, kw_only=True):
@@ -91,6 +99,11 @@ class AssembledPrompt(msgspec.Struct, kw_only=True):
     events: list[dict[str, Any]]
     prefix_hash: str
     session_id: str = ""
+    # changes whenever earlier messages are rewritten (compaction, micro-compaction, rewind, a
+    # merged user turn, reasoning dropped from an earlier turn, a restart); ``messages`` starts
+    # at index ``messages_from`` of the history
+    epoch: str = ""
+    messages_from: int = 0
 
 
 class ApiUsage(msgspec.Struct, kw_only=True):

@@ -8,6 +8,7 @@ prompt (system + tools + history) is estimated.
 
 from __future__ import annotations
 
+import secrets
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -94,24 +95,57 @@ class Session:
     own_skill: bool = True
     daemon_answered: set[str] = field(default_factory=set)
     reasoning_count: int = 0
+    # incremental replies (session.turn ``known``): the epoch is ``<base>-<rewrites>``; the base
+    # is new for every load of the session (a restart or resume), ``rewrites`` counts the
+    # changes to messages a client may already hold. ``tokens_total`` is sum(msg_tokens),
+    # ``last_user`` the index of the latest user message (-1: none), ``wire_cut`` the index
+    # before which the last reply dropped reasoning fields (keep_reasoning "current_turn")
+    epoch_base: str = field(default_factory=lambda: secrets.token_hex(6))
+    rewrites: int = 0
+    tokens_total: int = 0
+    last_user: int = -1
+    wire_cut: int = 0
+    # the system+tools estimate of the last assembled prompt: what the API's count for the
+    # reply to it covers (record_model anchors on it without re-building the system prompt)
+    last_system_tokens: int | None = None
+
+    @property
+    def epoch(self) -> str:
+        return f"{self.epoch_base}-{self.rewrites}"
+
+    def rewrote(self) -> None:
+        """Earlier messages changed (as a client holds them): a new epoch."""
+        self.rewrites += 1
 
     # -- history -------------------------------------------------------------------------------
     def append(self, msg: Message) -> None:
         msg = no_null_content(msg)
         self.messages.append(msg)
-        self.msg_tokens.append(message_tokens(msg, image_tokens=self.image_tokens))
+        tok = message_tokens(msg, image_tokens=self.image_tokens)
+        self.msg_tokens.append(tok)
+        self.tokens_total += tok
+        if msg.get("role") == "user":
+            self.last_user = len(self.messages) - 1
         self._count(msg, 1)
         self.updated_at = time.time()
 
     def pop_last(self) -> Message:
         """Take the last message back out of the history (a merge or a rewind)."""
         msg = self.messages.pop()
-        self.msg_tokens.pop()
+        self.tokens_total -= self.msg_tokens.pop()
         self._count(msg, -1)
+        self.rewrote()
+        if self.last_user >= len(self.messages):
+            self._find_last_user()
+        self.wire_cut = min(self.wire_cut, len(self.messages))
         if self.anchor is not None and self.anchor.index > len(self.messages):
             self.anchor = None
         self.updated_at = time.time()
         return msg
+
+    def _find_last_user(self) -> None:
+        self.last_user = next((i for i in range(len(self.messages) - 1, -1, -1)
+                               if self.messages[i].get("role") == "user"), -1)
 
     def _count(self, msg: Message, sign: int) -> None:
         if "is_error" in msg:
@@ -126,9 +160,13 @@ class Session:
         down by that many tokens (micro-compaction keeps positions); else drop it."""
         self.messages = [no_null_content(m) for m in messages]
         self.msg_tokens = [message_tokens(m, image_tokens=self.image_tokens) for m in self.messages]
+        self.tokens_total = sum(self.msg_tokens)
         self.ext_count = self.tool_chars = self.reasoning_count = 0
         for m in self.messages:
             self._count(m, 1)
+        self.rewrote()
+        self._find_last_user()
+        self.wire_cut = max(0, self.last_user)
         if keep_anchor_delta is not None and self.anchor is not None:
             self.anchor = Anchor(
                 total=max(0, self.anchor.total - keep_anchor_delta),
@@ -157,17 +195,33 @@ class Session:
         """(prompt tokens, anchored?) for the history plus a system+tools of ``system_tokens``."""
         a = self.anchor
         if a is not None and a.index <= len(self.messages):
-            tail = sum(self.msg_tokens[a.index:])
+            n = len(self.messages)
+            # the tail since the anchor: summed directly when short, else from the running total
+            tail = (sum(self.msg_tokens[a.index:]) if n - a.index <= 64
+                    else self.tokens_total - sum(self.msg_tokens[:a.index]))
             return max(0, a.total + tail + (system_tokens - a.system_tokens)), True
-        return system_tokens + sum(self.msg_tokens), False
+        return system_tokens + self.tokens_total, False
 
     def set_anchor(self, prompt_tokens: int, completion_tokens: int, system_tokens: int) -> None:
         self.anchor = Anchor(total=prompt_tokens + completion_tokens, index=len(self.messages),
                              system_tokens=system_tokens)
 
 
+_SYSTEM_TOKENS: dict[tuple[str, int], tuple[list[dict[str, Any]], int]] = {}
+
+
 def system_tokens(system: str, tools: list[dict[str, Any]]) -> int:
+    """The estimate for a system prompt plus tool declarations; cached per (text, tools list),
+    since every turn and reply of a session asks for the same one."""
+    key = (system, id(tools))
+    hit = _SYSTEM_TOKENS.get(key)
+    if hit is not None and hit[0] is tools:
+        return hit[1]
     import msgspec
 
-    return estimate_tokens(system) + (estimate_tokens(msgspec.json.encode(tools).decode())
-                                      if tools else 0)
+    n = estimate_tokens(system) + (estimate_tokens(msgspec.json.encode(tools).decode())
+                                   if tools else 0)
+    if len(_SYSTEM_TOKENS) > 256:
+        _SYSTEM_TOKENS.clear()
+    _SYSTEM_TOKENS[key] = (tools, n)
+    return n

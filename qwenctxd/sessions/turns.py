@@ -10,6 +10,7 @@ count on the API's figure.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from typing import Any
@@ -21,7 +22,8 @@ from qwenctxd.compaction import hooks as hooks_mod
 from qwenctxd.compaction import micro, post_compact
 from qwenctxd.compaction.estimate import history_tokens
 from qwenctxd.compaction.summary import join_content
-from qwenctxd.compaction.thresholds import compute_thresholds, context_left_pct, level
+from qwenctxd.compaction.thresholds import compute_thresholds as _compute_thresholds
+from qwenctxd.compaction.thresholds import context_left_pct, level
 from qwenctxd.instructions.rules import relative_to_root, rule_reminder
 from qwenctxd.protocol import errors
 from qwenctxd.protocol import session as wire
@@ -38,6 +40,7 @@ log = structlog.get_logger("qwenctxd.turns")
 NOT_EXECUTED = "[Tool call not executed: the user sent a new message before it ran]"
 MAX_TOUCHED = 2000
 EXTENSION_FIELDS = ("is_error",)  # kept in history for micro-compaction, never sent
+compute_thresholds = functools.lru_cache(maxsize=256)(_compute_thresholds)  # same per session
 
 
 class TurnPipeline:
@@ -48,6 +51,9 @@ class TurnPipeline:
     # -- session.turn ---------------------------------------------------------------------------
     async def turn(self, p: wire.TurnParams) -> wire.AssembledPrompt:
         s = self.m.get(p.session_id)
+        if p.known is not None and p.known.count < 0:
+            raise errors.InvalidParams("known.count must be 0 or more",
+                                       data={"field": "known.count", "message": "negative"})
         async with s.lock:
             events: list[dict[str, Any]] = []
             reminders: list[wire.Reminder] = []
@@ -82,7 +88,8 @@ class TurnPipeline:
             sys_tok = system_tokens(sp.text, s.tools)
             await self._maybe_micro(s, events, sys_tok)
             await self._maybe_compress(s, events, sys_tok)
-            return self._assemble(s, sp.text, sp.prefix_hash, sys_tok, reminders, events)
+            return self._assemble(s, sp.text, sp.prefix_hash, sys_tok, reminders, events,
+                                  known=p.known)
 
     def _incoming(self, s: Session, p: wire.TurnParams, events: list[dict[str, Any]]
                   ) -> list[dict[str, Any]]:
@@ -392,10 +399,11 @@ class TurnPipeline:
 
     # -- the prompt -------------------------------------------------------------------------------
     def _assemble(self, s: Session, system: str, sys_hash: str, sys_tok: int,
-                  reminders: list[wire.Reminder], events: list[dict[str, Any]]
-                  ) -> wire.AssembledPrompt:
+                  reminders: list[wire.Reminder], events: list[dict[str, Any]],
+                  known: wire.KnownHistory | None = None) -> wire.AssembledPrompt:
         tokens, anchored = s.estimate(sys_tok)
         s.prompt_tokens = tokens
+        s.last_system_tokens = sys_tok
         th = compute_thresholds(s.window_tokens, s.pct)
         lvl = level(tokens, th)
         usage = wire.Usage(prompt_tokens=tokens, window_tokens=s.window_tokens,
@@ -415,13 +423,32 @@ class TurnPipeline:
                 self._prefix.clear()
             self._prefix[key] = phash
         self.m.schedule_index_touch(s)
+        start = self._messages_from(s, known)
         if s.ext_count or (s.reasoning_count and s.keep_reasoning != "all"):
-            messages = wire_messages(s.messages, s.keep_reasoning)
+            messages = wire_messages(s.messages, s.keep_reasoning, start=start,
+                                     cut=s.last_user if s.last_user > 0 else 0)
         else:
-            messages = list(s.messages)
+            messages = s.messages[start:]
         return wire.AssembledPrompt(system=system, messages=messages,
                                     tools=s.tools, reminders=reminders, usage=usage,
-                                    events=events, prefix_hash=phash, session_id=s.id)
+                                    events=events, prefix_hash=phash, session_id=s.id,
+                                    epoch=s.epoch, messages_from=start)
+
+    @staticmethod
+    def _messages_from(s: Session, known: wire.KnownHistory | None) -> int:
+        """Where this reply's messages start: the client's ``known.count`` when its copy is of
+        the current epoch, else 0. Reasoning dropped from a finished turn ("current_turn")
+        changes messages the client holds, so it starts a new epoch first."""
+        cut = s.last_user if s.last_user > 0 else 0
+        if cut > s.wire_cut:
+            if (s.reasoning_count and s.keep_reasoning == "current_turn"
+                    and any(m.get("role") == "assistant" and any(k in m for k in REASONING_KEYS)
+                            for m in s.messages[s.wire_cut:cut])):
+                s.rewrote()
+            s.wire_cut = cut
+        if known is None or known.epoch != s.epoch or known.count > len(s.messages):
+            return 0
+        return known.count
 
     # -- session.record_model ----------------------------------------------------------------------
     async def record_model(self, p: wire.RecordModelParams) -> wire.RecordModelResult:
@@ -456,9 +483,11 @@ class TurnPipeline:
             if p.usage is not None:
                 usage = {"prompt_tokens": p.usage.prompt_tokens,
                          "completion_tokens": p.usage.completion_tokens}
-                sp = await self.m.system_prompt(s)
-                s.set_anchor(p.usage.prompt_tokens, p.usage.completion_tokens,
-                             system_tokens(sp.text, s.tools))
+                sys_tok = s.last_system_tokens
+                if sys_tok is None:
+                    sp = await self.m.system_prompt(s)
+                    sys_tok = system_tokens(sp.text, s.tools)
+                s.set_anchor(p.usage.prompt_tokens, p.usage.completion_tokens, sys_tok)
             self.m.record(s, msg, usage=usage)
             answered = await self._answer_own_calls(s, calls)
             s.last_model_reply_at = time.time()
@@ -557,19 +586,23 @@ class TurnPipeline:
             return wire.RewindResult(removed_messages=removed, messages=len(s.messages))
 
 
-def wire_messages(messages: list[dict[str, Any]], keep_reasoning: str = "all"
-                  ) -> list[dict[str, Any]]:
-    """The history as POSTed: our extension fields removed, and reasoning fields kept only as
-    ``keep_reasoning`` says (C4: "current_turn" keeps them after the latest user message only;
-    only the changed messages are copied)."""
-    cut = len(messages)  # reasoning is dropped before this index
+def wire_messages(messages: list[dict[str, Any]], keep_reasoning: str = "all", *,
+                  start: int = 0, cut: int | None = None) -> list[dict[str, Any]]:
+    """The history from ``start`` on as POSTed: our extension fields removed, and reasoning
+    fields kept only as ``keep_reasoning`` says (C4: "current_turn" keeps them after the latest
+    user message only, at ``cut`` when the caller knows it; only the changed messages are
+    copied)."""
     if keep_reasoning == "current_turn":
-        cut = next((i for i in range(len(messages) - 1, -1, -1)
-                    if messages[i].get("role") == "user"), 0)
+        if cut is None:
+            cut = next((i for i in range(len(messages) - 1, -1, -1)
+                        if messages[i].get("role") == "user"), 0)
     elif keep_reasoning == "all":
         cut = 0
+    else:
+        cut = len(messages)  # reasoning is dropped before this index
     out = []
-    for i, m in enumerate(messages):
+    for i in range(start, len(messages)):
+        m = messages[i]
         if "is_error" in m:
             m = {k: v for k, v in m.items() if k not in EXTENSION_FIELDS}
         if i < cut and m.get("role") == "assistant" and any(k in m for k in REASONING_KEYS):

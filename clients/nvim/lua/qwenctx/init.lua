@@ -33,6 +33,9 @@ local state = {
   opening = {}, -- project root -> callbacks waiting for session.open
   session_opts = {}, -- project root -> session.open options given to assemble()
   views = {}, -- view name -> scratch buffer
+  -- session_id -> { epoch, messages }: the history assemble() received, so session.turn sends
+  -- `known` and the daemon replies with only the new messages (`messages_from`)
+  histories = {},
 }
 
 -- Helpers ------------------------------------------------------------------------------------
@@ -276,15 +279,51 @@ function M.assemble(opts, cb)
   if next(sopts) ~= nil then
     state.session_opts[root] = sopts
   end
+  local sent_sid
   session_call(root, model, "session.turn", function(sid)
-    return { session_id = sid, kind = "user", text = opts.text, touched_paths = opts.touched_paths }
+    sent_sid = sid
+    local h = state.histories[sid]
+    local known = h and { epoch = h.epoch, count = #h.messages } or nil
+    return { session_id = sid, kind = "user", text = opts.text, touched_paths = opts.touched_paths,
+      known = known }
   end, function(err, prompt)
     if err then
       notify_err("assemble", err)
       return call_cb(cb, err)
     end
-    call_cb(cb, nil, prompt)
+    call_cb(cb, nil, M.apply_turn(sent_sid, prompt))
   end, { retry_sent = false })
+end
+
+--- apply_turn(session_id, prompt): splice a session.turn reply (sent with `known`) into the
+--- session's kept history; returns the prompt with the full history as `messages`.
+function M.apply_turn(sid, prompt)
+  local h = state.histories[sid]
+  local from = prompt.messages_from or 0
+  local full
+  if h and type(from) == "number" and from > 0 and from <= #h.messages then
+    full = {}
+    for i = 1, from do
+      full[i] = h.messages[i]
+    end
+    for _, m in ipairs(prompt.messages) do
+      table.insert(full, m)
+    end
+  else
+    full = prompt.messages
+  end
+  if type(prompt.epoch) == "string" and prompt.epoch ~= "" then
+    state.histories[sid] = { epoch = prompt.epoch, messages = full }
+  else
+    state.histories[sid] = nil
+  end
+  local copy = {}
+  for i, m in ipairs(full) do
+    copy[i] = m
+  end
+  prompt.messages = copy
+  prompt.messages_from = 0
+  return prompt
 end
 
 function M.status(cb)

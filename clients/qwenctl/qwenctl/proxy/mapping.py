@@ -4,7 +4,9 @@ The proxy remembers, per conversation, which client messages it has already turn
 daemon steps (by :func:`conversation.fingerprint`), so each request maps only what is new:
 user messages become ``session.turn {kind: "user"}``, tool messages ``session.turn {kind:
 "tool_results"}``, assistant messages the proxy did not record itself ``session.record_model``;
-the last step (the current input) yields the AssembledPrompt that is forwarded. A request
+the last step (the current input) yields the AssembledPrompt that is forwarded. Each session's
+history is kept by a :class:`qwenctxd.client.SessionHistory`, so the daemon sends only the
+messages that are new since the last turn (``known``). A request
 that repeats the last one exactly (a retry after an upstream error) reuses its prompt. A
 history that no longer extends what was mapped (the client regenerated, edited or started
 over with the same first message) is mapped onto a fresh daemon session — the old one stays
@@ -22,6 +24,7 @@ import anyio
 import structlog
 
 from qwenctl.proxy.conversation import Conversation, fingerprint, steps
+from qwenctxd.client.history import SessionHistory
 
 log = structlog.get_logger("qwenctl.proxy")
 MAX_CONVERSATIONS = 1024
@@ -36,6 +39,7 @@ class Mapped:
     awaiting: bool = False  # the last mapped input has no reply recorded yet
     pending: list[str] = field(default_factory=list)
     last_prompt: dict[str, Any] | None = None
+    view: SessionHistory | None = None  # the daemon session's history, kept incrementally
     lock: anyio.Lock = field(default_factory=anyio.Lock)
 
 
@@ -65,6 +69,7 @@ class SessionMap:
         res = await self.daemon.call("session.open", params)
         st.session_id, st.fps, st.pending, st.awaiting, st.last_prompt = (
             res["session_id"], [], [], False, None)
+        st.view = SessionHistory(res["session_id"])
         return int(res["messages"])
 
     async def map(self, st: Mapped, *, cwd: str, model: str, conv: Conversation,
@@ -99,13 +104,15 @@ class SessionMap:
             else:
                 start = k
         assert st.session_id is not None
+        if st.view is None or st.view.session_id != st.session_id:
+            st.view = SessionHistory(st.session_id)
         prompt: dict[str, Any] | None = None
         for step in steps(dialogue[start:], st.pending):
             if step.kind == "assistant":
                 await self.daemon.call("session.record_model",
                                        {"session_id": st.session_id, "message": step.message})
             else:
-                prompt = await self.daemon.call("session.turn", step.turn_params(st.session_id))
+                prompt = await st.view.aturn(self.daemon, step.turn_params(st.session_id))
         assert prompt is not None  # conversation.parse refuses a history ending in a reply
         st.fps, st.awaiting, st.pending, st.last_prompt = fps, True, [], prompt
         return prompt
@@ -122,7 +129,7 @@ class SessionMap:
         st.pending = [c["id"] for c in message.get("tool_calls") or []]
 
     def forget(self, st: Mapped) -> None:
-        st.session_id, st.fps, st.awaiting, st.last_prompt = None, [], False, None
+        st.session_id, st.fps, st.awaiting, st.last_prompt, st.view = None, [], False, None, None
 
     async def appended_text(self, session_id: str, cwd: str, model: str, prefix_hash: str
                             ) -> str:
