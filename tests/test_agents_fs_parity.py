@@ -160,6 +160,8 @@ def test_fixed_script_gives_identical_results(tmp_path: Path) -> None:
         ("list_directory", {"path": "missing"}),
         ("run_shell_command", {"command": "echo no > ../outside/w.txt"}),
         ("glob", {"pattern": "**/*"}),  # directories made by writes are listed too
+        # `..` after a symlink to outside: judged, and written, where it is spelled to land
+        ("write_file", {"file_path": "escape/../dotdot.txt", "content": "in\n"}),
     ]
     (tmp_path / "project").mkdir()
     over, real = run_both(tmp_path / "project", tmp_path / "state", script)
@@ -179,6 +181,9 @@ def test_fixed_script_gives_identical_results(tmp_path: Path) -> None:
     assert normalise(real[32]) == "ERROR" == normalise(over[32])
     assert real[36].startswith("Error:") and "read-only" in real[36]
     assert f"{root}/deep/er\n" in real[37] and f"{root}/deep/er/file.txt" in real[37]
+    assert real[38] == over[38] == f"Created {root}/dotdot.txt (3 chars)"
+    assert (root / "dotdot.txt").read_text() == "in\n"
+    assert not (tmp_path / "dotdot.txt").exists() and not (out.parent / "dotdot.txt").exists()
 
 
 # -- the property -----------------------------------------------------------------------------
