@@ -80,9 +80,6 @@ class AgentFS(ABC):
         except FileNotFoundError:  # an overlay copy has another name: say which path
             raise _missing(path) from None
 
-    def size(self, path: Path) -> int:
-        return self.locate(path).stat().st_size
-
 
 def _missing(path: Path) -> FileNotFoundError:
     return FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(path))
