@@ -176,7 +176,7 @@ async def grep_search(ctx: ToolContext, args: dict[str, Any]) -> str:
     def run() -> str:
         files = ctx.fs.walk(root)
         out: list[str] = []
-        for shown in sorted(files):
+        for shown in sorted(files, key=os.fspath):
             if matcher is not None and not matcher.match(shown.name):
                 continue
             if grep_file(shown, files[shown], rx, out):
