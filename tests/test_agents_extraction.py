@@ -108,9 +108,10 @@ def test_scoped_writes_denials_index_audit_and_undo(spawn, tmp_path: Path) -> No
         human = subprocess.run([sys.executable, "-m", "qwenctl", "memory", "log"], env=d.env,
                                capture_output=True, text=True, timeout=30)
         assert human.returncode == 0
-        line = next(x for x in human.stdout.splitlines() if log[0]["id"] in x)
+        good_id = next(e["id"] for e in log if e["path"] == str(good))
+        line = next(x for x in human.stdout.splitlines() if good_id in x)
         assert "extraction" in line and "create" in line and "tabs.md" in line
-        undo = subprocess.run([sys.executable, "-m", "qwenctl", "memory", "undo", log[0]["id"]],
+        undo = subprocess.run([sys.executable, "-m", "qwenctl", "memory", "undo", good_id],
                               env=d.env, capture_output=True, text=True, timeout=30)
         assert undo.returncode == 0 and f"restored {good}" in undo.stdout
         assert not good.exists()
