@@ -64,6 +64,10 @@ def test_scoped_writes_denials_index_audit_and_undo(spawn, tmp_path: Path) -> No
                     call("w4", "write_file", file_path=str(project / "escape" / "y.md"),
                          content="nope"),
                     call("s1", "run_shell_command", command="rm -rf /"),
+                    # `..` after a symlink out: lands where it is spelled, inside memory
+                    call("w6", "write_file", file_path=str(project / "escape" / ".." / "feedback"
+                                                            / "dotdot.md"), content=(
+                        "---\nname: Dotdot\ndescription: d\ntype: feedback\n---\nd\n")),
                     call("w5", "write_file", file_path=str(good), content=(
                         "---\nname: Tabs in Go\ndescription: user wants tabs in Go files\n"
                         "type: feedback\n---\nUse tabs.\n**Why:** team style.\n"))])
@@ -93,17 +97,21 @@ def test_scoped_writes_denials_index_audit_and_undo(spawn, tmp_path: Path) -> No
         assert meta["lastExtractionTouchedTopics"] == ["feedback"]
         assert meta["lastExtractionSessionId"] == sid
         log = d.call("memory.log", {"limit": 10})["entries"]
-        assert [(e["action"], e["path"], e["agent"]) for e in log] == [
-            ("create", str(good), "extraction")]
+        dotdot = project / "feedback" / "dotdot.md"
+        assert results["w6"] == f"Created {dotdot} ({len(dotdot.read_text())} chars)"
+        assert not (tmp_path / "feedback").exists()  # not through the link to outside/..
+        assert sorted((e["action"], e["path"], e["agent"]) for e in log) == sorted([
+            ("create", str(good), "extraction"), ("create", str(dotdot), "extraction")])
         import subprocess
         import sys
 
         human = subprocess.run([sys.executable, "-m", "qwenctl", "memory", "log"], env=d.env,
                                capture_output=True, text=True, timeout=30)
         assert human.returncode == 0
-        line = next(x for x in human.stdout.splitlines() if log[0]["id"] in x)
+        good_id = next(e["id"] for e in log if e["path"] == str(good))
+        line = next(x for x in human.stdout.splitlines() if good_id in x)
         assert "extraction" in line and "create" in line and "tabs.md" in line
-        undo = subprocess.run([sys.executable, "-m", "qwenctl", "memory", "undo", log[0]["id"]],
+        undo = subprocess.run([sys.executable, "-m", "qwenctl", "memory", "undo", good_id],
                               env=d.env, capture_output=True, text=True, timeout=30)
         assert undo.returncode == 0 and f"restored {good}" in undo.stdout
         assert not good.exists()

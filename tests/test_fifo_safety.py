@@ -79,8 +79,8 @@ async def test_agent_tools_refuse_fifos(tmp_path: Path) -> None:
     (tmp_path / "src").mkdir()
     os.mkfifo(tmp_path / "src" / "pipe.py")
     (tmp_path / "src" / "real.py").write_text("needle = 1\n")
-    ctx = ToolContext(cwd=tmp_path, scope=MemoryWriteScope(writable_roots=[]),
-                      audit=AuditLog(tmp_path / "audit"), agent="test")
+    ctx = ToolContext.real_tree(tmp_path, MemoryWriteScope(writable_roots=[]),
+                                AuditLog(tmp_path / "audit"), agent="test")
     with anyio.fail_after(10):
         read = await call_tool(ctx, "read_file", {"file_path": str(tmp_path / "src" / "pipe.py")})
         found = await call_tool(ctx, "grep_search", {"pattern": "needle", "path": "src"})

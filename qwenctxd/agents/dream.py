@@ -463,8 +463,8 @@ class Dreamer:
         plan_path = root / PLAN_FILENAME
         scope = MemoryWriteScope(writable_roots=[root], team_root=roots.team)
         dream_audit = _PlanCapturingAudit(audit, plan_path)
-        ctx = ToolContext(cwd=root, scope=scope, audit=dream_audit, agent=AGENT_NAME,
-                          session=session_id, allow_shell=False)
+        ctx = ToolContext.real_tree(root, scope, dream_audit, agent=AGENT_NAME,
+                                    session=session_id, allow_shell=False)
         transcripts = chats_dir(project_key)
         existing = await anyio.to_thread.run_sync(_existing_listing, root)
         spec = AgentSpec(

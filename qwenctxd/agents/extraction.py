@@ -142,9 +142,9 @@ class Extractor:
         proj = await self.memory.project(req.cwd)
         roots = proj.roots
         writable = [r for r in (roots.project, roots.user) if r is not None]
-        ctx = ToolContext(cwd=req.cwd, scope=MemoryWriteScope(writable_roots=writable,
-                                                              team_root=roots.team),
-                          audit=self.audit, agent="extraction", session=req.session_id)
+        scope = MemoryWriteScope(writable_roots=writable, team_root=roots.team)
+        ctx = ToolContext.real_tree(req.cwd, scope, self.audit, agent="extraction",
+                                    session=req.session_id)
         existing = "\n".join(
             f"- [{d.name}]({d.relative_path}) — {d.description}\n  scope={d.scope} "
             f"topic={d.type} path={d.path}\n  current={' '.join(d.body.split())[:MAX_TOPIC_SUMMARY]}"
@@ -167,7 +167,6 @@ class Extractor:
         if outcome.status in ("failed", "timed_out"):
             return self._done(req, ExtractResult(status="failed", reason=outcome.error
                                                  or outcome.status, files=outcome.files_written))
-        scope = ctx.scope
         topics = sorted({t for f in outcome.files_written if (t := scope.touched_topic(f))})
         result = ExtractResult(status="completed" if outcome.files_written else "noop",
                                files=outcome.files_written, topics=topics)

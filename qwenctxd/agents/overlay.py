@@ -8,10 +8,11 @@ missing. :meth:`OverlayFS.apply` copies every change back (atomically per file; 
 delete) and :meth:`OverlayFS.discard` removes the overlay directory; until ``apply`` the real
 project is byte-identical to what it was.
 
-Paths are keyed by their location relative to the *real* project root, computed from the
-realpath of the nearest existing ancestor, so ``..`` segments and symlinked directories cannot
-escape the project (:class:`~qwenctxd.protocol.errors.PathOutsideProject`) and two spellings
-of one file share one overlay copy. A symlink leaf is judged by its target.
+Paths are keyed by :func:`~qwenctxd.agents.containment.contained_key` (the agents' one
+containment rule): their location relative to the *real* project root, from the realpath of
+the nearest existing ancestor, so ``..`` segments and symlinked directories cannot escape the
+project (:class:`~qwenctxd.protocol.errors.PathOutsideProject`) and two spellings of one file
+share one overlay copy. A symlink leaf is judged by its target.
 
 Thread-safe: tools run in worker threads, so every mutation holds one lock, and after
 ``discard``/``apply`` the overlay is closed (later writes raise :class:`OverlayClosed`), which
@@ -27,8 +28,9 @@ import tempfile
 import threading
 import uuid
 from collections.abc import Iterator
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
+from qwenctxd.agents.containment import contained_key, is_within, real_location
 from qwenctxd.fsutil import atomic_copy, atomic_write, open_regular
 from qwenctxd.protocol.errors import PathOutsideProject
 
@@ -49,26 +51,6 @@ def default_overlay_dir() -> Path:
     if base is None:
         base = Path(tempfile.gettempdir()) / f"qwenctxd-{os.getuid()}"
     return base / "speculation" / str(os.getpid()) / uuid.uuid4().hex[:8]
-
-
-def _inside(path: str, root: str) -> bool:
-    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
-
-
-def _nearest_existing_realpath(path: str) -> str:
-    """realpath of ``path`` resolved through its nearest existing ancestor (leaf included)."""
-    probe = path
-    tail: list[str] = []
-    while not os.path.lexists(probe):
-        parent = os.path.dirname(probe)
-        if parent == probe:
-            break
-        tail.append(os.path.basename(probe))
-        probe = parent
-    base = os.path.realpath(probe)
-    for part in reversed(tail):
-        base = os.path.join(base, part)
-    return os.path.normpath(base)
 
 
 def _sha256(path: Path) -> str | None:
@@ -98,7 +80,7 @@ class OverlayFS:
         self._remove_parent = overlay_dir is None if remove_empty_parent is None \
             else remove_empty_parent
         self.overlay_dir = Path(os.path.abspath(overlay_dir or default_overlay_dir()))
-        if _inside(_nearest_existing_realpath(str(self.overlay_dir)), str(self.real_root)):
+        if is_within(real_location(self.overlay_dir), str(self.real_root)):
             raise ValueError("the overlay directory must not be inside the project")
         self.overlay_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.chmod(self.overlay_dir, 0o700)
@@ -114,16 +96,7 @@ class OverlayFS:
     def rel(self, path: str | os.PathLike[str]) -> str | None:
         """The project-relative key (POSIX, no ``..``) of ``path``, or None when it is outside
         the project (after normalisation and realpath of the nearest existing ancestor)."""
-        raw = os.fspath(path)
-        full = raw if os.path.isabs(raw) else os.path.join(self.project_root, raw)
-        norm = os.path.normpath(full)
-        if not (_inside(norm, str(self.project_root)) or _inside(norm, str(self.real_root))):
-            return None
-        real = _nearest_existing_realpath(norm)
-        if not _inside(real, str(self.real_root)):
-            return None
-        rel = os.path.relpath(real, self.real_root)
-        return "" if rel == "." else PurePosixPath(Path(rel)).as_posix()
+        return contained_key(path, self.project_root)
 
     def _require_rel(self, path: str | os.PathLike[str]) -> str:
         rel = self.rel(path)

@@ -1,8 +1,9 @@
 """Permission scope of a background agent: what it may write and run, decided before any tool
 runs, and reported back to the model as the tool result when refused.
 
-Writes are allowed only inside the project or user memory roots, judged on the realpath of
-the nearest existing parent (so ``memory/../..`` and a symlinked parent cannot escape), and a
+Writes are allowed only inside the project or user memory roots, judged by the agents' one
+containment rule (:func:`~qwenctxd.agents.containment.contained_key`: realpath of the nearest
+existing ancestor, so ``memory/../..`` and a symlinked parent cannot escape), and a
 symlink leaf whose target does not exist yet is refused (it could point anywhere). Team memory
 is never auto-allowed (it is shared with the repository). Shell commands run only when the
 tree-sitter AST proves them read-only. Several rule sources merge with priority
@@ -17,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from qwenctxd.agents.containment import contained_key, is_within
 from qwenctxd.memory.paths import MEMORY_TYPES
 
 
@@ -42,27 +44,9 @@ class Verdict:
         return self.decision is Decision.ALLOW
 
 
-def _nearest_existing_realpath(path: Path) -> Path:
-    """realpath of ``path`` resolved through its nearest existing ancestor."""
-    probe = path
-    tail: list[str] = []
-    while not os.path.lexists(probe):
-        if probe.parent == probe:
-            break
-        tail.append(probe.name)
-        probe = probe.parent
-    base = Path(os.path.realpath(probe))
-    for part in reversed(tail):
-        base = base / part
-    return Path(os.path.normpath(base))
-
-
 def _inside(path: Path, root: Path) -> bool:
-    try:
-        rel = os.path.relpath(path, root)
-    except ValueError:
-        return False
-    return rel != ".." and not rel.startswith(".." + os.sep) and not os.path.isabs(rel)
+    """Lexically: normalised absolute ``path`` is ``root`` or below it."""
+    return is_within(str(path), os.path.normpath(os.path.abspath(root)))
 
 
 @dataclass
@@ -80,18 +64,15 @@ class MemoryWriteScope:
         norm = Path(os.path.normpath(path))
         if os.path.islink(norm) and not os.path.exists(norm):
             return Verdict(Decision.DENY, f"write refused: {raw} is a symlink to a missing target")
-        real = _nearest_existing_realpath(norm)
         team = self.team_root
-        if team is not None and (_inside(real, _nearest_existing_realpath(team))
-                                 or _inside(norm, team)):
+        if team is not None and (contained_key(norm, team) is not None or _inside(norm, team)):
             return Verdict(Decision.DENY, "write refused: team memory is never written by a "
                                           "background agent")
         for root in self.denied_roots:
-            if _inside(real, _nearest_existing_realpath(root)):
+            if contained_key(norm, root) is not None:
                 return Verdict(Decision.DENY, f"write refused: {raw} is in a protected directory")
         for root in self.writable_roots:
-            root_real = _nearest_existing_realpath(root)
-            if _inside(real, root_real) and real != root_real:
+            if contained_key(norm, root) not in (None, ""):
                 return Verdict(Decision.ALLOW, "inside a memory root")
         roots = " or ".join(str(r) for r in self.writable_roots) or "(none)"
         return Verdict(Decision.DENY, f"write refused: only files within {roots} may be written")

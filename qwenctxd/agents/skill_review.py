@@ -293,8 +293,8 @@ class SkillReviewer:
         draft_id = new_draft_id(self.clock())
         base = drafts_dir(root) / draft_id if confirm else project_skills_dir(root)
         scope = _SingleSkillScope(writable_roots=[base])
-        ctx = ToolContext(cwd=cwd, scope=scope, audit=audit, agent=AGENT_NAME,
-                          session=session_id, allow_shell=False)
+        ctx = ToolContext.real_tree(cwd, scope, audit, agent=AGENT_NAME,
+                                    session=session_id, allow_shell=False)
         minutes = settings.memory.agent_timeout_minutes
         try:
             if confirm:

@@ -27,8 +27,9 @@ would overflow the message cap is trimmed), plus a wall-clock budget. Accepting 
 that is still running stops it at the next safe point (an in-flight model call is cancelled,
 an in-flight tool batch finishes) and accepts what is done.
 
-This module runs and manages speculations; the overlay-aware tool implementations are in
-:mod:`qwenctxd.agents.speculation_tools`.
+This module runs and manages speculations; the tools are the agents' one tool set
+(:mod:`qwenctxd.agents.tools`) over the overlay filesystem
+(:class:`~qwenctxd.agents.fs.OverlayTreeFS`).
 """
 
 from __future__ import annotations
@@ -48,8 +49,7 @@ import structlog
 
 from qwenctxd.agents.overlay import OverlayFS
 from qwenctxd.agents.runner import fork_history
-from qwenctxd.agents.speculation_tools import OverlayToolContext, call_overlay_tool
-from qwenctxd.agents.tools import DECLARATIONS
+from qwenctxd.agents.tools import DECLARATIONS, ToolContext, call_tool
 from qwenctxd.model import ModelClient
 from qwenctxd.protocol.errors import InvalidParams, ModelUnavailable, PathOutsideProject
 
@@ -57,10 +57,8 @@ __all__ = [
     "MAX_SPECULATION_MESSAGES",
     "MAX_SPECULATION_TURNS",
     "AcceptResult",
-    "OverlayToolContext",
     "Speculation",
     "SpeculationManager",
-    "call_overlay_tool",
 ]
 
 log = structlog.get_logger("qwenctxd.speculation")
@@ -109,7 +107,7 @@ class Speculation:
         self.fast = fast
         self.allowed_tools = [*READ_TOOLS, *(WRITE_TOOLS if allow_writes else ()),
                               *((SHELL_TOOL,) if allow_shell else ())]
-        self.ctx = OverlayToolContext(cwd=cwd, overlay=overlay, allow_shell=allow_shell)
+        self.ctx = ToolContext.over_overlay(cwd, overlay, allow_shell=allow_shell)
         self._model = model
         self._system = system if system is not None else SYSTEM.format(project=project_root,
                                                                        cwd=cwd)
@@ -262,8 +260,8 @@ class Speculation:
 
         async def one(i: int, call: dict[str, Any]) -> None:
             fn = call.get("function") or {}
-            results[i] = await call_overlay_tool(self.ctx, fn.get("name", ""),
-                                                 fn.get("arguments") or "{}")
+            results[i] = await call_tool(self.ctx, fn.get("name", ""),
+                                         fn.get("arguments") or "{}")
 
         async with anyio.create_task_group() as tg:
             for i, call in enumerate(calls):

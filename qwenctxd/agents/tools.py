@@ -1,10 +1,12 @@
-"""The tools the daemon implements for its background agents, and their declarations.
+"""The one tool set of the daemon's background agents, written once over a filesystem seam.
 
-read_file, list_directory, glob and grep_search read freely (bounded); write_file and edit go
-through the agent's write scope and the audit log; run_shell_command runs only commands the
-AST classifier proves read-only, with a timeout and an output cap. Every result is capped so
-one tool call cannot flood the agent's context. A refusal is returned as the tool result —
-the model sees why, and the call never happens.
+read_file, list_directory, glob and grep_search read freely (bounded); write_file and edit
+write only where the run's filesystem allows (:mod:`qwenctxd.agents.fs`: the real tree through
+the agent's write scope and the audit log, or a speculation's copy-on-write overlay);
+run_shell_command runs only commands the AST classifier proves read-only, in the real working
+directory, with a timeout and an output cap (over an overlay it says which changes the shell
+cannot see). Every result is capped so one tool call cannot flood the agent's context. A
+refusal is returned as the tool result — the model sees why, and the call never happens.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import json
 import os
 import re
 import subprocess
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,16 +25,17 @@ import structlog
 from wcmatch import glob as wglob
 
 from qwenctxd.agents.audit import AuditLog
+from qwenctxd.agents.fs import AgentFS, OverlayTreeFS, RealTreeFS
+from qwenctxd.agents.overlay import OverlayClosed, OverlayFS
 from qwenctxd.agents.permissions import MemoryWriteScope, shell_verdict
-from qwenctxd.fsutil import open_regular, read_regular
+from qwenctxd.fsutil import read_regular
+from qwenctxd.protocol.errors import PathOutsideProject
 
 log = structlog.get_logger("qwenctxd.agents.tools")
 MAX_RESULT_CHARS = 16_000
 MAX_READ_BYTES = 512 * 1024
-MAX_GLOB_RESULTS = 500
 MAX_GREP_MATCHES = 200
 SHELL_TIMEOUT_S = 20.0
-SKIP_DIRS = {".git", "node_modules", "__pycache__", ".venv", ".mypy_cache"}
 
 
 def cap(text: str, limit: int = MAX_RESULT_CHARS) -> str:
@@ -74,32 +77,46 @@ DECLARATIONS: dict[str, dict[str, Any]] = {
 
 @dataclass
 class ToolContext:
-    """What the tools of one agent run may touch."""
+    """What the tools of one agent run may touch: its filesystem, and whether it may run
+    read-only shell commands."""
 
-    cwd: Path
-    scope: MemoryWriteScope
-    audit: AuditLog
-    agent: str
-    session: str | None = None
+    fs: AgentFS
     allow_shell: bool = True
     files_written: list[str] = field(default_factory=list)
     reads: int = 0
+
+    @property
+    def cwd(self) -> Path:
+        return self.fs.cwd
+
+    @classmethod
+    def real_tree(cls, cwd: Path, scope: MemoryWriteScope, audit: AuditLog, *, agent: str,
+                  session: str | None = None, allow_shell: bool = True) -> ToolContext:
+        """Tools over the real tree: writes through ``scope``, recorded in ``audit``."""
+        return cls(RealTreeFS(cwd, scope, audit, agent=agent, session=session),
+                   allow_shell=allow_shell)
+
+    @classmethod
+    def over_overlay(cls, cwd: Path, overlay: OverlayFS, *, allow_shell: bool = True
+                     ) -> ToolContext:
+        """Tools over a speculation's copy-on-write overlay of the project."""
+        return cls(OverlayTreeFS(cwd, overlay), allow_shell=allow_shell)
 
 
 Tool = Callable[[ToolContext, dict[str, Any]], Awaitable[str]]
 
 
 def _abs(ctx: ToolContext, raw: Any, key: str) -> Path:
+    """The absolute, normalised path an argument names (relative paths: from ``cwd``)."""
     if not isinstance(raw, str) or not raw:
         raise ValueError(f"{key} is required")
-    p = Path(raw)
-    return p if p.is_absolute() else ctx.cwd / p
+    if "\x00" in raw:
+        raise ValueError(f"{key} must not contain NUL")
+    return Path(os.path.normpath(raw if os.path.isabs(raw) else ctx.cwd / raw))
 
 
-def read_lines(src: Path, args: dict[str, Any]) -> str:
-    """The text of ``src`` (≤ 512 KiB), 1-based ``offset`` and ``limit`` lines from ``args``."""
-    with open_regular(src) as f:
-        data = f.read(MAX_READ_BYTES + 1)
+def read_lines(data: bytes, args: dict[str, Any]) -> str:
+    """The text of ``data`` (≤ 512 KiB), 1-based ``offset`` and ``limit`` lines from ``args``."""
     lines = data[:MAX_READ_BYTES].decode("utf-8", errors="replace").splitlines()
     off = max(1, int(args.get("offset") or 1))
     lim = int(args.get("limit") or 2000)
@@ -126,75 +143,57 @@ def grep_file(shown: Path, src: Path, rx: re.Pattern[str], out: list[str]) -> bo
 async def read_file(ctx: ToolContext, args: dict[str, Any]) -> str:
     path = _abs(ctx, args.get("file_path"), "file_path")
     ctx.reads += 1
-    return cap(await anyio.to_thread.run_sync(read_lines, path, args))
+    data = await anyio.to_thread.run_sync(ctx.fs.read_bytes, path, MAX_READ_BYTES + 1)
+    return cap(read_lines(data, args))
 
 
 async def list_directory(ctx: ToolContext, args: dict[str, Any]) -> str:
     path = _abs(ctx, args.get("path"), "path")
-
-    def run() -> str:
-        entries = sorted(os.scandir(path), key=lambda e: e.name)
-        return "\n".join(e.name + ("/" if e.is_dir() else "") for e in entries) or "(empty)"
-
-    return cap(await anyio.to_thread.run_sync(run))
-
-
-GLOB_FLAGS = wglob.GLOBSTAR | wglob.BRACE | wglob.DOTGLOB
-
-
-def glob_pattern(args: dict[str, Any]) -> str:
-    """glob's ``pattern`` argument, required (the real and the overlay glob share it)."""
-    pattern = args.get("pattern")
-    if not isinstance(pattern, str) or not pattern:
-        raise ValueError("pattern is required")
-    return pattern
+    entries = await anyio.to_thread.run_sync(ctx.fs.list, path)
+    return cap("\n".join(n + ("/" if d else "") for n, d in entries) or "(empty)")
 
 
 async def glob(ctx: ToolContext, args: dict[str, Any]) -> str:
-    pattern = glob_pattern(args)
-    root = _abs(ctx, args.get("path") or str(ctx.cwd), "path")
-
-    def run() -> str:
-        found = []
-        for m in wglob.iglob(pattern, root_dir=str(root), flags=GLOB_FLAGS):
-            found.append(str(root / m))
-            if len(found) >= MAX_GLOB_RESULTS:
-                break
-        return "\n".join(found) or "(no matches)"
-
-    return cap(await anyio.to_thread.run_sync(run))
-
-
-def grep_args(cwd: Path, args: dict[str, Any]) -> tuple[re.Pattern[str], Path, Any]:
-    """(compiled pattern, search root, file-name matcher or None) from grep_search's args."""
-    raw = args.get("pattern")
-    if not isinstance(raw, str) or not raw:
+    pattern = args.get("pattern")
+    if not isinstance(pattern, str) or not pattern:
         raise ValueError("pattern is required")
-    raw_root = args.get("path") or str(cwd)
-    if not isinstance(raw_root, str):
-        raise ValueError("path must be a string")
-    root = Path(os.path.normpath(raw_root if os.path.isabs(raw_root) else cwd / raw_root))
-    include = args.get("include")
-    matcher = wglob.compile([include], flags=wglob.GLOBSTAR | wglob.BRACE) if include else None
-    return re.compile(raw), root, matcher
+    root = _abs(ctx, args.get("path") or str(ctx.cwd), "path")
+    found = await anyio.to_thread.run_sync(ctx.fs.glob, root, pattern)
+    return cap("\n".join(found) or "(no matches)")
 
 
 async def grep_search(ctx: ToolContext, args: dict[str, Any]) -> str:
-    rx, root, matcher = grep_args(ctx.cwd, args)
+    raw = args.get("pattern")
+    if not isinstance(raw, str) or not raw:
+        raise ValueError("pattern is required")
+    if not isinstance(args.get("path") or "", str):
+        raise ValueError("path must be a string")
+    root = _abs(ctx, args.get("path") or str(ctx.cwd), "path")
+    include = args.get("include")
+    matcher = wglob.compile([include], flags=wglob.GLOBSTAR | wglob.BRACE) if include else None
+    rx = re.compile(raw)
 
     def run() -> str:
+        files = ctx.fs.walk(root)
         out: list[str] = []
-        for dirpath, dirnames, filenames in os.walk(root):
-            dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS)
-            for name in sorted(filenames):
-                if matcher is not None and not matcher.match(name):
-                    continue
-                fp = Path(dirpath) / name
-                if grep_file(fp, fp, rx, out):
-                    return "\n".join(out)
+        for shown in sorted(files, key=os.fspath):
+            if matcher is not None and not matcher.match(shown.name):
+                continue
+            if grep_file(shown, files[shown], rx, out):
+                break
         return "\n".join(out) or "(no matches)"
 
     return cap(await anyio.to_thread.run_sync(run))
+
+
+async def _write(ctx: ToolContext, path: Path, text: str) -> bool | str:
+    """Write through the run's filesystem: True when created, or the refusal line."""
+    try:
+        created = await anyio.to_thread.run_sync(ctx.fs.write_text, path, text)
+    except PathOutsideProject:  # the tree changed under us since the check
+        return ctx.fs.write_refusal(path) or f"Error: write refused: {path}"
+    ctx.files_written.append(str(path))
+    return created
 
 
 async def write_file(ctx: ToolContext, args: dict[str, Any]) -> str:
@@ -202,19 +201,19 @@ async def write_file(ctx: ToolContext, args: dict[str, Any]) -> str:
     content = args.get("content")
     if not isinstance(content, str):
         raise ValueError("content must be a string")
-    verdict = ctx.scope.check_write(path)
-    if not verdict.allowed:
-        return f"Error: {verdict.reason}"
-    entry = await anyio.to_thread.run_sync(
-        lambda: ctx.audit.write_file(path, content, agent=ctx.agent, session=ctx.session))
-    ctx.files_written.append(str(path))
-    return f"{'Created' if entry.action == 'create' else 'Wrote'} {path} ({len(content)} chars)"
+    refusal = ctx.fs.write_refusal(path)  # on the loop: calls are judged in their order
+    if refusal is not None:
+        return refusal
+    created = await _write(ctx, path, content)
+    if isinstance(created, str):
+        return created
+    return f"{'Created' if created else 'Wrote'} {path} ({len(content)} chars)"
 
 
 def apply_edit(path: Path, text: str, old: str, new: str, replace_all: bool
                ) -> tuple[str | None, str]:
-    """The ``edit`` tool's rule, for the real and the overlay file views: ``old`` must occur
-    exactly once unless ``replace_all``. (new text, success message) or (None, the error)."""
+    """The ``edit`` tool's rule: ``old`` must occur exactly once unless ``replace_all``.
+    (new text, success message) or (None, the error)."""
     count = text.count(old) if old else 0
     if count == 0:
         return None, f"Error: old_string not found in {path}"
@@ -230,20 +229,18 @@ async def edit(ctx: ToolContext, args: dict[str, Any]) -> str:
     old, new = args.get("old_string"), args.get("new_string")
     if not isinstance(old, str) or not isinstance(new, str):
         raise ValueError("old_string and new_string must be strings")
-    verdict = ctx.scope.check_write(path)
-    if not verdict.allowed:
-        return f"Error: {verdict.reason}"
+    refusal = ctx.fs.write_refusal(path)  # on the loop: calls are judged in their order
+    if refusal is not None:
+        return refusal
     try:
-        text = await anyio.to_thread.run_sync(lambda: read_regular(path).decode("utf-8"))
+        text = (await anyio.to_thread.run_sync(ctx.fs.read_bytes, path)).decode("utf-8")
     except OSError as exc:
-        return f"Error: cannot read {path}: {exc.strerror}"
+        return f"Error: cannot read {path}: {exc.strerror or exc}"
     updated, message = apply_edit(path, text, old, new, bool(args.get("replace_all")))
     if updated is None:
         return message
-    await anyio.to_thread.run_sync(
-        lambda: ctx.audit.write_file(path, updated, agent=ctx.agent, session=ctx.session))
-    ctx.files_written.append(str(path))
-    return message
+    written = await _write(ctx, path, updated)
+    return written if isinstance(written, str) else message
 
 
 def _clean_env() -> dict[str, str]:
@@ -257,7 +254,7 @@ def _clean_env() -> dict[str, str]:
 
 async def run_readonly_shell(command: object, cwd: Path, *, allow: bool = True) -> str:
     """Run ``command`` in ``cwd`` if the AST classifier proves it read-only; the result text
-    (exit code, stdout, stderr) or an ``Error:`` line. Shared by every agent's shell tool."""
+    (exit code, stdout, stderr) or an ``Error:`` line."""
     if not isinstance(command, str) or not command.strip():
         raise ValueError("command is required")
     if not allow:
@@ -279,7 +276,14 @@ async def run_readonly_shell(command: object, cwd: Path, *, allow: bool = True) 
 
 
 async def run_shell_command(ctx: ToolContext, args: dict[str, Any]) -> str:
-    return cap(await run_readonly_shell(args.get("command"), ctx.cwd, allow=ctx.allow_shell))
+    result = await run_readonly_shell(args.get("command"), ctx.cwd, allow=ctx.allow_shell)
+    unseen = ctx.fs.unseen_by_shell()
+    if result.startswith("Error:") or not unseen:
+        return cap(result)
+    shown = ", ".join(str(p) for p in unseen[:20]) + (" ..." if len(unseen) > 20 else "")
+    note = (f"[note: the shell sees the project as it was; files changed in this session "
+            f"are not visible to it: {shown}]\n")
+    return cap(note + result)
 
 
 TOOLS: dict[str, Tool] = {
@@ -293,12 +297,10 @@ TOOLS: dict[str, Tool] = {
 }
 
 
-async def dispatch_tool(table: Mapping[str, Callable[[Any, dict[str, Any]], Awaitable[str]]],
-                        ctx: Any, name: str, raw_args: str | dict[str, Any], *,
-                        explain: Callable[[Exception], str | None] = lambda exc: None) -> str:
-    """Run one tool call from ``table``; any failure becomes an ``Error:`` result the model can
-    read (``explain`` words the errors of a particular tool set first)."""
-    tool = table.get(name)
+async def call_tool(ctx: ToolContext, name: str, raw_args: str | dict[str, Any]) -> str:
+    """Run one tool call; any failure becomes an ``Error:`` result the model can read, and
+    never takes the agent (or the daemon) down."""
+    tool = TOOLS.get(name)
     if tool is None:
         return f"Error: unknown tool {name!r}"
     try:
@@ -306,16 +308,12 @@ async def dispatch_tool(table: Mapping[str, Callable[[Any, dict[str, Any]], Awai
         if not isinstance(args, dict):
             raise ValueError("arguments must be a JSON object")
         return cap(await tool(ctx, args))
-    except Exception as exc:  # a broken tool must never take the agent (or the daemon) down
-        message = explain(exc)
-        if message is not None:
-            return message
-        if isinstance(exc, ValueError | OSError | re.error):
-            return f"Error: {exc}"
+    except PathOutsideProject as exc:
+        return f"Error: write refused: {exc.message}"
+    except OverlayClosed:
+        return "Error: the speculation was stopped"
+    except (ValueError, OSError, re.error) as exc:
+        return f"Error: {exc}"
+    except Exception:
         log.exception("tool failed", tool=name)
         return f"Error: {name} failed inside the daemon; see its log"
-
-
-async def call_tool(ctx: ToolContext, name: str, raw_args: str | dict[str, Any]) -> str:
-    """Run one tool call; any failure becomes an ``Error:`` result the model can read."""
-    return await dispatch_tool(TOOLS, ctx, name, raw_args)
