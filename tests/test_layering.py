@@ -10,7 +10,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "qwenctxd"
 SUBSYSTEMS = ("instructions", "memory", "skills", "compaction", "agents")
-SHARED = ("protocol", "config", "watch", "tasks", "model", "store")
+SHARED = ("protocol", "config", "watch", "tasks", "model", "store", "project")
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -45,3 +45,24 @@ def test_shared_layers_import_no_subsystem() -> None:
 @pytest.mark.parametrize("pkg", SUBSYSTEMS + SHARED)
 def test_every_package_exists(pkg: str) -> None:
     assert (PACKAGE / pkg / "__init__.py").is_file()
+
+
+def test_projects_are_resolved_only_by_the_registry() -> None:
+    """The services and the server take their project (root, ~/.qwen, settings) from the
+    ProjectRegistry: none of them walks up for ``.git`` or reads ``QWEN_HOME`` itself."""
+    services = [PACKAGE / "instructions" / "service.py", PACKAGE / "memory" / "service.py",
+                PACKAGE / "skills" / "service.py", *sorted((PACKAGE / "server").rglob("*.py"))]
+    found = [f"{p.relative_to(PACKAGE.parent)}: {needle}" for p in services
+             for needle in ("find_project_root", "QWEN_HOME")
+             if needle in p.read_text(encoding="utf-8")]
+    assert found == []
+
+
+def test_one_watched_cache() -> None:
+    """Per-project caches are WatchedCaches: no subsystem builds a SharedLoads of its own or
+    waits for the hub to sync (the cache's re-check does that)."""
+    found = [f"{p.relative_to(PACKAGE.parent)}: {needle}" for pkg in SUBSYSTEMS
+             for p in sorted((PACKAGE / pkg).rglob("*.py"))
+             for needle in ("SharedLoads(", "wait_synced(")
+             if needle in p.read_text(encoding="utf-8")]
+    assert found == []

@@ -16,10 +16,10 @@ from hypothesis import strategies as st
 
 from qwenctxd.config import ConfigStore
 from qwenctxd.events import EventBus
-from qwenctxd.instructions.gitinfo import find_project_root
 from qwenctxd.instructions.service import InstructionsService
 from qwenctxd.memory.service import MemoryService
 from qwenctxd.model import ModelClient
+from qwenctxd.project import ProjectRegistry
 from qwenctxd.skills.service import SkillsService
 from qwenctxd.tasks import SharedLoads, TaskRegistry
 from qwenctxd.watch import WatchHub
@@ -130,10 +130,11 @@ async def services(home: Path) -> AsyncIterator[Services]:
     config = ConfigStore(home=home, xdg_config=home / ".config", environ=environ)
     config.load_global()
     hub, tasks, bus = WatchHub(), TaskRegistry(), EventBus()
-    instructions = InstructionsService(config, hub, tasks, environ=environ)
+    projects = ProjectRegistry(config, hub=hub, tasks=tasks, environ=environ)
+    instructions = InstructionsService(config, hub, tasks, environ=environ, projects=projects)
     memory = MemoryService(config, hub, tasks, bus, model=lambda: ModelClient(
-        config.global_settings.endpoint()), environ=environ, project_root=find_project_root)
-    skills = SkillsService(config, hub, tasks, bus, environ=environ)
+        config.global_settings.endpoint()), environ=environ, projects=projects)
+    skills = SkillsService(config, hub, tasks, bus, environ=environ, projects=projects)
     async with anyio.create_task_group() as tg:
         tasks.attach(tg)
         await tg.start(hub.run)

@@ -19,17 +19,16 @@ for is recorded as a dependency so the cache can be invalidated by the watchers.
 
 from __future__ import annotations
 
-import functools
 import os
-import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from qwenctxd.fsutil import open_regular
 from qwenctxd.instructions.discovery import Discovery, InstructionFile
-from qwenctxd.instructions.gitinfo import find_project_root
 from qwenctxd.instructions.imports import process_imports
 from qwenctxd.instructions.rules import RuleSet, load_rules
+from qwenctxd.project.roots import find_project_root
 
 ANY_MD = "*.md"
 EXPANDED_CAP_FACTOR = 8  # a file with its imports may be 8x the per-file cap
@@ -102,8 +101,12 @@ def read_capped(path: Path, cap: int) -> tuple[str, int, bool]:
     return text, size, truncated
 
 
-def build(discovery: Discovery, *, import_format: str, max_file_bytes: int) -> InstructionSet:
+def build(discovery: Discovery, *, import_format: str, max_file_bytes: int,
+          root_of: Callable[[Path], Path | None] | None = None) -> InstructionSet:
+    """Read the discovered files; ``root_of`` maps a directory to its git root (the daemon
+    passes its project registry's lookup; default: a fresh lookup)."""
     cwd = discovery.cwd
+    root_of = root_of or find_project_root
     deps: dict[Path, set[str]] = {}
     prints: dict[Path, tuple[int, int] | None] = {}
 
@@ -117,7 +120,7 @@ def build(discovery: Discovery, *, import_format: str, max_file_bytes: int) -> I
     blocks: list[str] = []
     loaded: list[LoadedFile] = []
     for f in discovery.files:
-        lf = _load_one(f, cwd, import_format, max_file_bytes, problems, blocks)
+        lf = _load_one(f, cwd, import_format, max_file_bytes, problems, blocks, root_of)
         if lf is None:
             continue
         loaded.append(lf)
@@ -147,18 +150,9 @@ def build(discovery: Discovery, *, import_format: str, max_file_bytes: int) -> I
     )
 
 
-@functools.lru_cache(maxsize=256)
-def _import_root_cached(directory: Path, _epoch: int) -> Path:
-    return find_project_root(directory) or directory
-
-
-def _import_root(directory: Path) -> Path:
-    # one lookup per directory per second: a build reads many files from few directories
-    return _import_root_cached(directory, int(time.monotonic()))
-
-
 def _load_one(f: InstructionFile, cwd: Path, import_format: str, cap: int,
-              problems: list[Problem], blocks: list[str]) -> LoadedFile | None:
+              problems: list[Problem], blocks: list[str],
+              root_of: Callable[[Path], Path | None]) -> LoadedFile | None:
     try:
         text, size, truncated = read_capped(f.path, cap)
     except OSError as exc:
@@ -167,7 +161,7 @@ def _load_one(f: InstructionFile, cwd: Path, import_format: str, cap: int,
     if truncated:
         problems.append(Problem(f.path, "too_large",
                                 f"{size} bytes, over the {cap}-byte cap: truncated"))
-    import_root = _import_root(f.path.parent)
+    import_root = root_of(f.path.parent) or f.path.parent
     result = process_imports(text, f.path.parent, project_root=import_root, current_file=f.path,
                              fmt=import_format, max_file_bytes=cap)  # type: ignore[arg-type]
     for p in result.problems:

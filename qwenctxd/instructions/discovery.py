@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 from qwenctxd.fsutil import read_regular
-from qwenctxd.instructions.gitinfo import find_project_root
+from qwenctxd.project.roots import find_project_root
 
 LOCAL_FILENAME = "QWEN.local.md"
 OUTPUT_LANGUAGE_FILENAME = "output-language.md"
@@ -108,12 +109,16 @@ def discover(
     qwen_dir: Path,
     extension_paths: list[Path] = (),  # type: ignore[assignment]
     include_dirs: list[Path] = (),  # type: ignore[assignment]
+    root_of: Callable[[Path], Path | None] | None = None,
 ) -> Discovery:
+    """What to load for ``cwd``; ``root_of`` maps a directory to its git root (the daemon
+    passes its project registry's lookup; default: a fresh lookup)."""
+    root_of = root_of or find_project_root
     cwd = Path(os.path.abspath(cwd))
     home = Path(os.path.abspath(home))
     qwen_dir = Path(os.path.abspath(qwen_dir))
     names = normalize_filenames(filenames)
-    root = find_project_root(cwd)
+    root = root_of(cwd)
     probed: set[Path] = set()
     result = Discovery(cwd=cwd, project_root=root, files=[], probed=probed)
     seen: set[Path] = set()
@@ -124,7 +129,7 @@ def discover(
             result.files.append(f)
 
     for directory in [*[Path(os.path.abspath(d)) for d in include_dirs], cwd]:
-        dir_root = root if directory == cwd else find_project_root(directory)
+        dir_root = root if directory == cwd else root_of(directory)
         for f in _for_dir(directory, names, home=home, qwen_dir=qwen_dir, root=dir_root,
                           probed=probed):
             add(f)

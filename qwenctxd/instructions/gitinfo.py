@@ -1,7 +1,7 @@
 """What the prompt needs to know about git: the project root, the branch, recent commits.
 
-* :func:`find_project_root` — nearest ancestor holding ``.git`` (a directory, or a file as in
-  worktrees and submodules). Pure path checks, no subprocess.
+* :func:`find_project_root` — re-exported from :mod:`qwenctxd.project.roots` (the daemon
+  resolves roots through its :class:`~qwenctxd.project.ProjectRegistry`).
 * :func:`resolve_git_dir` / :func:`resolve_common_dir` — where a root's git data lives.
 * :func:`read_head` / :func:`head_path` — the branch (or detached commit) straight from the
   ``HEAD`` file, following a ``gitdir:`` pointer. Cheap enough for cache keys; the daemon
@@ -30,6 +30,7 @@ import anyio.lowlevel
 import structlog
 
 from qwenctxd.fsutil import read_regular
+from qwenctxd.project.roots import find_project_root as find_project_root  # re-export
 
 log = structlog.get_logger(__name__)
 
@@ -75,20 +76,6 @@ class GitStatus:
     commits: tuple[Commit, ...]
     status: tuple[str, ...] = ()
     status_omitted: int = 0
-
-
-def _has_git_marker(directory: Path) -> bool:
-    marker = directory / ".git"
-    return marker.is_dir() or marker.is_file()
-
-
-def find_project_root(start: Path) -> Path | None:
-    """The nearest directory from ``start`` upwards (inclusive) that holds ``.git``."""
-    current = Path(os.path.normpath(os.path.abspath(start)))
-    for directory in (current, *current.parents):
-        if _has_git_marker(directory):
-            return directory
-    return None
 
 
 def resolve_git_dir(root: Path) -> Path | None:

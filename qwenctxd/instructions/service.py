@@ -1,12 +1,14 @@
 """InstructionsService: the per-project cache of instruction sets and system prompts.
 
-A cold request discovers and reads the files (in a worker thread), registers watches on every
-directory that contributed or was probed, and caches the result per cwd. Watch events are
-filtered by file name, so unrelated churn in the project (a build writing 1 000 files) never
-invalidates anything; a relevant change drops the entry and the next request rebuilds. Once
-the watches are live, a background check compares the files' stat fingerprints with the build
-and invalidates if an edit slipped in before the watch was registered. A warm request is a few
-dict lookups.
+A cold request discovers and reads the files (in a worker thread) and caches the result per
+cwd in a :class:`~qwenctxd.watch.WatchedCache`, which watches every directory that contributed
+or was probed. Watch events are filtered by file name, so unrelated churn in the project (a
+build writing 1 000 files) never invalidates anything; a relevant change drops the entry and the
+next request rebuilds. Once the watches are live, the cache compares the files' stat
+fingerprints with the build and invalidates if an edit slipped in before the watch was
+registered. The git section is a second watched cache, per root. The project (root, settings,
+``~/.qwen``) comes from the shared :class:`~qwenctxd.project.ProjectRegistry`. A warm request is
+a few dict lookups.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 import fnmatch
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +29,11 @@ from qwenctxd.instructions import assemble, base_prompt, discovery, gitinfo, sys
 from qwenctxd.instructions.assemble import InstructionSet
 from qwenctxd.instructions.system_prompt import PROMPT_ENV_KEYS, compose
 from qwenctxd.instructions.tool_roles import ToolRoles
+from qwenctxd.project import ProjectRegistry
 from qwenctxd.protocol.instructions import prefix_hash
-from qwenctxd.tasks import SharedLoads, TaskRegistry
+from qwenctxd.tasks import TaskRegistry
 from qwenctxd.tokens import estimate_tokens
-from qwenctxd.watch import WatchHub
+from qwenctxd.watch import Watched, WatchedCache, WatchHub
 
 log = structlog.get_logger("qwenctxd.instructions")
 GIT_TIMEOUT_S = 1.0
@@ -60,7 +63,6 @@ class _SetEntry:
 class _GitEntry:
     section: str
     epoch: int
-    deps: dict[Path, set[str]] = field(default_factory=dict)
 
 
 def _settings_key(s: Settings) -> tuple[Any, ...]:
@@ -84,8 +86,11 @@ class InstructionsService:
         environ: Mapping[str, str] | None = None,
         on_rebuild: Callable[[], None] | None = None,
         extension_paths: Callable[[], list[Path]] | None = None,
+        projects: ProjectRegistry | None = None,
     ) -> None:
         self._config = config
+        self._projects = projects if projects is not None else ProjectRegistry(
+            config, environ=environ)
         self._hub = hub
         self._tasks = tasks
         self._environ = environ if environ is not None else os.environ
@@ -95,53 +100,61 @@ class InstructionsService:
         # what changes when the memory section would (cheap; part of the prompt cache stamp)
         self.memory_stamp: Callable[[Path | None, Path], object] | None = None
         # shared loads (a cancelled prompt.system stops waiting; the build goes on)
-        self._sets: SharedLoads[Path, _SetEntry] = SharedLoads(tasks, "instructions")
-        self._git: SharedLoads[Path, _GitEntry] = SharedLoads(tasks, "git")
+        self._sets: WatchedCache[Path, _SetEntry] = WatchedCache(hub, tasks, "instructions")
+        self._git: WatchedCache[Path, _GitEntry] = WatchedCache(hub, tasks, "git")
         self._prompts: dict[tuple[Any, ...], tuple[tuple[Any, ...], SystemPrompt]] = {}
-        self._roots: dict[Path, Path | None] = {}
         self.rebuilds = 0
 
     # -- paths --------------------------------------------------------------------------------
     def _home(self) -> Path:
-        return Path(self._environ.get("HOME") or os.path.expanduser("~"))
+        return self._projects.home
 
     def qwen_dir(self) -> Path:
-        q = self._environ.get("QWEN_HOME")
-        return Path(q).expanduser() if q else self._home() / ".qwen"
+        return self._projects.qwen_home
 
     def project_root(self, cwd: Path) -> Path | None:
-        if cwd not in self._roots:
-            self._roots[cwd] = gitinfo.find_project_root(cwd)
-        return self._roots[cwd]
+        return self._projects.root(cwd)
 
     def settings_for(self, cwd: Path) -> Settings:
-        root = self.project_root(cwd)
-        return self._config.for_project(root) if root is not None else self._config.global_settings
+        return self._projects.get(cwd).settings
 
     # -- instruction sets ---------------------------------------------------------------------
     async def instruction_set(self, cwd: Path) -> InstructionSet:
-        settings = self.settings_for(cwd)
-        key = _settings_key(settings)
+        project = self._projects.get(cwd)
+        settings = project.settings
+        key = (project.root, *_settings_key(settings))
         entry = self._sets.peek(cwd)
         if entry is not None and entry.key == key:
             return entry.value
         if entry is not None:  # the settings that shape it changed
             self._sets.invalidate(cwd)
-        entry = await self._sets.get(cwd, lambda: self._load_set(cwd, settings, key))
+        entry = await self._sets.get(cwd, lambda: self._load_set(cwd, project.root, settings,
+                                                                 key))
         return entry.value
 
-    async def _load_set(self, cwd: Path, settings: Settings, key: tuple[Any, ...]) -> _SetEntry:
+    async def _load_set(self, cwd: Path, root: Path | None, settings: Settings,
+                        key: tuple[Any, ...]) -> Watched[_SetEntry]:
         epoch = self._sets.epoch(cwd)
-        value = await anyio.to_thread.run_sync(self._build, cwd, settings)
+        value = await anyio.to_thread.run_sync(self._build, cwd, root, settings)
         self.rebuilds += 1
         self._on_rebuild()
-        self._watch(cwd, value)
-        entry = _SetEntry(key=key, value=value, epoch=epoch)
-        if self._sets.epoch(cwd) == epoch:
-            self._schedule_verify(cwd, value)
-        return entry
+        deps, prints = value.deps, value.fingerprints
 
-    def _build(self, cwd: Path, settings: Settings) -> InstructionSet:
+        def relevant(p: Path) -> bool:
+            names = deps.get(p.parent)
+            if names is None or not _matches(names, p.name):
+                return False
+            # a re-synced watcher may report files that were already there: only a real
+            # difference from what the build saw counts
+            return not (p in prints and assemble.fingerprint(p) == prints[p])
+
+        def changed() -> bool:
+            return any(assemble.fingerprint(p) != fp for p, fp in prints.items())
+
+        return Watched(_SetEntry(key=key, value=value, epoch=epoch), deps.keys(), relevant,
+                       changed)
+
+    def _build(self, cwd: Path, root: Path | None, settings: Settings) -> InstructionSet:
         c = settings.context
         disc = discovery.discover(
             cwd,
@@ -149,53 +162,16 @@ class InstructionsService:
             home=self._home(),
             qwen_dir=self.qwen_dir(),
             extension_paths=[*discovery.extension_context_files(
-                self.qwen_dir(), self.project_root(cwd)), *self._extension_paths()],
+                self.qwen_dir(), root), *self._extension_paths()],
             include_dirs=[Path(d).expanduser() for d in c.include_directories]
             if c.load_from_include_directories else [],
+            root_of=self._projects.root_of,
         )
-        return assemble.build(disc, import_format=c.import_format, max_file_bytes=c.max_file_bytes)
-
-    def _watch(self, cwd: Path, value: InstructionSet) -> None:
-        deps = value.deps
-        prints = value.fingerprints
-
-        async def on_change(changes: set[tuple[Any, str]]) -> None:
-            for _, raw in changes:
-                p = Path(raw)
-                names = deps.get(p.parent)
-                if names is None or not _matches(names, p.name):
-                    continue
-                # a re-synced watcher may report files that were already there: only a real
-                # difference from what the build saw counts
-                if p in prints and assemble.fingerprint(p) == prints[p]:
-                    continue
-                log.debug("instructions changed", path=raw, cwd=str(cwd))
-                self.invalidate_cwd(cwd)
-                return
-
-        self._hub.watch(f"instructions:{cwd}", deps.keys(), on_change)
-
-    def _schedule_verify(self, cwd: Path, value: InstructionSet) -> None:
-        """After the watches are live, catch an edit that landed before they were."""
-        if not self._tasks.accepting:
-            return
-
-        async def verify() -> None:
-            with anyio.move_on_after(10):
-                await self._hub.wait_synced()
-            for path, fp in value.fingerprints.items():
-                if assemble.fingerprint(path) != fp:
-                    entry = self._sets.peek(cwd)
-                    if entry is not None and entry.value is value:
-                        self.invalidate_cwd(cwd)
-                    return
-
-        self._tasks.submit("instructions-verify", verify, key=f"instructions-verify:{cwd}",
-                           project=str(value.project_root or cwd))
+        return assemble.build(disc, import_format=c.import_format, max_file_bytes=c.max_file_bytes,
+                              root_of=self._projects.root_of)
 
     def invalidate_cwd(self, cwd: Path) -> None:
         self._sets.invalidate(cwd)
-        self._roots.pop(cwd, None)
 
     def invalidate_path(self, path: Path) -> None:
         """Drop every cached set that depends on ``path`` (used after our own writes)."""
@@ -223,42 +199,21 @@ class InstructionsService:
             entry = await self._git.get(root, lambda: self._load_git(root))
         return entry.section, entry.epoch
 
-    async def _load_git(self, root: Path) -> _GitEntry:
+    async def _load_git(self, root: Path) -> Watched[_GitEntry]:
         epoch = self._git.epoch(root)
         prints = {p: assemble.fingerprint(p) for p in _git_files(root)}
         status = await gitinfo.git_status(root, timeout_s=GIT_TIMEOUT_S)
         section = gitinfo.render_git_section(status)
         deps = _git_deps(root)
 
-        async def on_change(changes: set[tuple[Any, str]]) -> None:
-            for _, raw in changes:
-                p = Path(raw)
-                names = deps.get(p.parent)
-                if names is not None and _matches(names, p.name):
-                    self._git.invalidate(root)
-                    return
+        def relevant(p: Path) -> bool:
+            names = deps.get(p.parent)
+            return names is not None and _matches(names, p.name)
 
-        if deps:
-            self._hub.watch(f"git:{root}", deps.keys(), on_change)
-        entry = _GitEntry(section=section, epoch=epoch, deps=deps)
-        if self._git.epoch(root) == epoch:
-            self._schedule_git_verify(root, entry, prints)
-        return entry
+        def changed() -> bool:  # a commit made before the git watches went live
+            return any(assemble.fingerprint(p) != fp for p, fp in prints.items())
 
-    def _schedule_git_verify(self, root: Path, entry: _GitEntry,
-                             prints: dict[Path, tuple[int, int] | None]) -> None:
-        """A commit made before the git watches went live must still refresh the section."""
-        if not self._tasks.accepting:
-            return
-
-        async def verify() -> None:
-            with anyio.move_on_after(10):
-                await self._hub.wait_synced()
-            if any(assemble.fingerprint(p) != fp for p, fp in prints.items()):
-                if self._git.peek(root) is entry:
-                    self._git.invalidate(root)
-
-        self._tasks.submit("git-verify", verify, key=f"git-verify:{root}", project=str(root))
+        return Watched(_GitEntry(section=section, epoch=epoch), deps.keys(), relevant, changed)
 
     # -- the system prompt --------------------------------------------------------------------
     async def system_prompt(

@@ -29,9 +29,10 @@ from qwenctxd.memory.lexical import LexicalIndex
 from qwenctxd.memory.prompt import memory_section
 from qwenctxd.memory.tokenize import is_noise_query
 from qwenctxd.model import ModelClient
+from qwenctxd.project import ProjectRegistry
 from qwenctxd.protocol.errors import ModelUnavailable, PathOutsideProject
-from qwenctxd.tasks import SharedLoads, TaskRegistry
-from qwenctxd.watch import WatchHub
+from qwenctxd.tasks import TaskRegistry
+from qwenctxd.watch import Watched, WatchedCache, WatchHub
 
 log = structlog.get_logger("qwenctxd.memory")
 MODEL_CANDIDATES = 200
@@ -63,15 +64,19 @@ class _Project:
 class MemoryService:
     def __init__(self, config: ConfigStore, hub: WatchHub, tasks: TaskRegistry, bus: EventBus,
                  *, model: Callable[[], ModelClient], environ: Mapping[str, str] | None = None,
-                 project_root: Callable[[Path], Path | None]) -> None:
+                 projects: ProjectRegistry | None = None) -> None:
         self._config = config
         self._hub = hub
         self._tasks = tasks
         self._bus = bus
         self._model = model
         self._environ = environ if environ is not None else os.environ
-        self._project_root = project_root
-        self._loads: SharedLoads[Path, _Project] = SharedLoads(tasks, "memory")
+        self._projects = projects if projects is not None else ProjectRegistry(
+            config, environ=environ)
+        self._project_root = self._projects.root
+        # scan + FTS index per project; a relevant change re-syncs in the background
+        self._loads: WatchedCache[Path, _Project] = WatchedCache(
+            hub, tasks, "memory", on_stale=lambda _key, proj: self._schedule_refresh(proj))
         self._hits: dict[str, int] = {}
         self._roots: dict[tuple[Path, bool], mpaths.MemoryRoots] = {}
 
@@ -81,13 +86,14 @@ class MemoryService:
         return s.memory.enable_managed_auto_memory
 
     def roots(self, cwd: Path) -> mpaths.MemoryRoots:
-        root = self._project_root(cwd)
-        s = self._config.for_project(root) if root else self._config.global_settings
-        key = (cwd, s.memory.enable_team_memory)
+        project = self._projects.get(cwd)
+        s = project.settings
+        key = (cwd, project.root, s.memory.enable_team_memory)
         cached = self._roots.get(key)
         if cached is None:
             cached = mpaths.roots_for(cwd, environ=self._environ,
-                                      team_enabled=s.memory.enable_team_memory)
+                                      team_enabled=s.memory.enable_team_memory,
+                                      git_root=project.root)
             if len(self._roots) > 1024:
                 self._roots.clear()
             self._roots[key] = cached
@@ -106,7 +112,7 @@ class MemoryService:
             return proj
         return await self._loads.get(key, lambda: self._open(key, cwd))
 
-    async def _open(self, key: Path, cwd: Path) -> _Project:
+    async def _open(self, key: Path, cwd: Path) -> Watched[_Project]:
         roots = self.roots(cwd)
         await anyio.to_thread.run_sync(store.ensure_scaffold, roots)
         db_dir = roots.state or (roots.user.parent / "projects" / "_no_project")
@@ -116,14 +122,12 @@ class MemoryService:
         try:
             proj = _Project(key=key, roots=roots, lexical=lexical)
             await anyio.to_thread.run_sync(self._load_hits, proj)
-            before = await anyio.to_thread.run_sync(_fingerprint, self._watch_dirs(proj))
-            await self._resync(proj)
+            watched = await self._resync_watched(proj)
         except BaseException:
             with anyio.CancelScope(shield=True):
                 await lexical.close()
             raise
-        self._watch(proj, before)
-        return proj
+        return watched
 
     def _scoped_roots(self, roots: mpaths.MemoryRoots) -> list[tuple[str, Path]]:
         out = [("user", roots.user)]
@@ -135,7 +139,16 @@ class MemoryService:
 
     async def _refresh(self, proj: _Project) -> None:
         """Re-sync with the files on disk, as shared work that starts after any load running."""
-        await self._loads.reload(proj.key, lambda: self._resync(proj))
+        await self._loads.reload(proj.key, lambda: self._resync_watched(proj))
+
+    async def _resync_watched(self, proj: _Project) -> Watched[_Project]:
+        """:meth:`_resync`, and what the cache watches: ``.md`` changes in the memory dirs,
+        and (once the watches are live) a directory listing that moved since the scan began."""
+        dirs = self._watch_dirs(proj)
+        before = await anyio.to_thread.run_sync(_fingerprint, dirs)
+        await self._resync(proj)
+        return Watched(proj, dirs, lambda p: p.name.endswith(".md"),
+                       lambda: _fingerprint(dirs) != before)
 
     async def _resync(self, proj: _Project) -> _Project:
         """Re-scan every scope (worker thread), bring the FTS index in step (one transaction),
@@ -163,26 +176,6 @@ class MemoryService:
             dirs.append(root)
             dirs.extend(root / t for t in mpaths.MEMORY_TYPES)
         return dirs
-
-    def _watch(self, proj: _Project, before: list[tuple[str, int, int]]) -> None:
-        dirs = self._watch_dirs(proj)
-
-        async def on_change(changes: set[tuple[Any, str]]) -> None:
-            if any(raw.endswith(".md") for _, raw in changes):
-                self._schedule_refresh(proj)
-
-        self._hub.watch(f"memory:{proj.key}", dirs, on_change)
-        if not self._tasks.accepting:
-            return
-
-        async def verify() -> None:  # an edit that raced the watch registration still counts
-            with anyio.move_on_after(10):
-                await self._hub.wait_synced()
-            if await anyio.to_thread.run_sync(_fingerprint, dirs) != before:
-                self._schedule_refresh(proj)
-
-        self._tasks.submit("memory-verify", verify, key=f"memory-verify:{proj.key}",
-                           project=str(proj.key))
 
     def _schedule_refresh(self, proj: _Project) -> None:
         if not self._tasks.accepting:

@@ -34,6 +34,7 @@ from qwenctxd.instructions.service import InstructionsService
 from qwenctxd.memory.service import MemoryService
 from qwenctxd.model import ModelClient
 from qwenctxd.paths import ensure_private_dir, pid_path, state_dir
+from qwenctxd.project import ProjectRegistry
 from qwenctxd.protocol import daemon as wire
 from qwenctxd.protocol import errors
 from qwenctxd.server import logging as daemon_logging
@@ -73,17 +74,20 @@ class Daemon:
         self.tasks.add_listener(self._on_task_event)
         self.hub = WatchHub()
         self.model = ModelClient(self.settings.endpoint())
+        self.projects = ProjectRegistry(config, hub=self.hub, tasks=self.tasks)
         self.instructions = InstructionsService(
-            config, self.hub, self.tasks, on_rebuild=lambda: self.bump("instructions_rebuilds")
+            config, self.hub, self.tasks, on_rebuild=lambda: self.bump("instructions_rebuilds"),
+            projects=self.projects,
         )
         self.status_contributors.append(self._projects_status)
         self.memory = MemoryService(config, self.hub, self.tasks, self.bus,
                                     model=lambda: self.model,
-                                    project_root=self.instructions.project_root)
+                                    projects=self.projects)
         self.instructions.memory_section = self.memory.prompt_section
         self.instructions.memory_stamp = self.memory.prompt_stamp
         self.skills = SkillsService(config, self.hub, self.tasks, self.bus,
-                                    on_refresh=lambda: self.bump("skills_refreshes"))
+                                    on_refresh=lambda: self.bump("skills_refreshes"),
+                                    projects=self.projects)
         self.sessions = SessionManager(
             config=config, instructions=self.instructions, model=lambda: self.model,
             tasks=self.tasks, bus=self.bus, index_path=state_dir() / "sessions.sqlite",

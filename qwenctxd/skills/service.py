@@ -1,7 +1,8 @@
 """SkillsService: per-project skill sets kept fresh by depth-2 watches.
 
-For each project (and the user level) the service loads the skill set once and watches, with
-non-recursive watches on an explicit list, every base dir and every ``<base>/<skill>`` dir —
+For each project (and the user level) the service loads the skill set once, in a
+:class:`~qwenctxd.watch.WatchedCache`, and watches, with non-recursive watches on an explicit
+list, every base dir and every ``<base>/<skill>`` dir —
 depth 2, nothing deeper, so a ``node_modules`` inside a skill costs no kernel watch and no
 refresh. Relevant events (an entry appearing or vanishing in a base dir, a SKILL.md changing
 in a skill dir; never ``.git`` or artifacts) start a debounced (150 ms) refresh that reloads
@@ -24,10 +25,11 @@ import structlog
 from qwenctxd.config import ConfigStore
 from qwenctxd.config.schema import Settings
 from qwenctxd.events import EventBus
+from qwenctxd.project import ProjectRegistry
 from qwenctxd.skills import levels
 from qwenctxd.skills.model import SkillSet
-from qwenctxd.tasks import SharedLoads, TaskRegistry
-from qwenctxd.watch import WatchHub
+from qwenctxd.tasks import TaskRegistry
+from qwenctxd.watch import Watched, WatchedCache, WatchHub
 
 log = structlog.get_logger("qwenctxd.skills")
 DEBOUNCE_S = 0.15
@@ -38,6 +40,7 @@ IGNORED_NAMES = {".git", ".DS_Store"}
 class _Entry:
     skillset: SkillSet
     generation: int
+    cwd: Path
     dirs: set[Path] = field(default_factory=set)
     bases: set[Path] = field(default_factory=set)
 
@@ -52,24 +55,27 @@ class SkillsService:
         *,
         environ: Mapping[str, str] | None = None,
         on_refresh: Callable[[], None] | None = None,
+        projects: ProjectRegistry | None = None,
     ) -> None:
         self._config = config
+        self._projects = projects if projects is not None else ProjectRegistry(
+            config, environ=environ)
         self._hub = hub
         self._tasks = tasks
         self._bus = bus
-        self._environ = environ if environ is not None else os.environ
         self._on_refresh = on_refresh or (lambda: None)
         # shared loads: a cancelled skills.list / turn stops waiting, the load goes on
-        self._entries: SharedLoads[Path | None, _Entry] = SharedLoads(tasks, "skills")
+        self._entries: WatchedCache[Path | None, _Entry] = WatchedCache(
+            hub, tasks, "skills", on_stale=lambda root, entry: self._schedule_refresh(
+                root, entry.cwd))
         self.refreshes = 0
         self.generation = 0
 
     def _home(self) -> Path:
-        return Path(self._environ.get("HOME") or os.path.expanduser("~"))
+        return self._projects.home
 
     def _qwen_dir(self) -> Path:
-        q = self._environ.get("QWEN_HOME")
-        return Path(q).expanduser() if q else self._home() / ".qwen"
+        return self._projects.qwen_home
 
     def _settings(self, root: Path | None) -> Settings:
         return self._config.for_project(root) if root is not None else self._config.global_settings
@@ -86,9 +92,9 @@ class SkillsService:
             entry = await self._entries.get(root, lambda: self._load(root, cwd))
         return entry.skillset, entry.generation
 
-    async def _load(self, root: Path | None, cwd: Path) -> _Entry:
-        """Read every level, then (nothing awaited after) register the watches and the
-        catch-up check; the entry is published by the caller's SharedLoads once this returns."""
+    async def _load(self, root: Path | None, cwd: Path) -> Watched[_Entry]:
+        """Read every level; the cache watches the dirs and runs the catch-up check, and
+        publishes the entry once this returns."""
         bases = self._bases(root, cwd)
         user_skills = self._qwen_dir() / "skills"
         if not user_skills.exists():  # Qwen Code creates it when watching starts
@@ -110,39 +116,10 @@ class SkillsService:
 
         watch_dirs = await anyio.to_thread.run_sync(watch_dirs_of)
         self.generation += 1
-        entry = _Entry(skillset=skillset, generation=self.generation, dirs=watch_dirs,
+        entry = _Entry(skillset=skillset, generation=self.generation, cwd=cwd, dirs=watch_dirs,
                        bases=own)
-        self._watch(root, cwd, entry)
-        self._verify_after_sync(root, cwd, entry, prints)
-        return entry
-
-    def _verify_after_sync(self, root: Path | None, cwd: Path, entry: _Entry,
-                           prints: dict[str, object]) -> None:
-        """A change made before the watches went live still triggers a refresh."""
-        if not self._tasks.accepting:
-            return
-
-        async def verify() -> None:
-            with anyio.move_on_after(10):
-                await self._hub.wait_synced()
-            now = await anyio.to_thread.run_sync(_fingerprint, entry.bases)
-            if now != prints and self._entries.peek(root) is entry:
-                self._schedule_refresh(root, cwd)
-
-        self._tasks.submit("skills-verify", verify, key=f"skills-verify:{root}",
-                           project=str(root) if root else None)
-
-    def _watch(self, root: Path | None, cwd: Path, entry: _Entry) -> None:
-        bases = entry.bases
-
-        async def on_change(changes: set[tuple[Any, str]]) -> None:
-            for _, raw in changes:
-                p = Path(raw)
-                if _relevant(p, bases):
-                    self._schedule_refresh(root, cwd)
-                    return
-
-        self._hub.watch(f"skills:{root}", entry.dirs, on_change)
+        return Watched(entry, watch_dirs, lambda p: _relevant(p, own),
+                       lambda: _fingerprint(own) != prints)
 
     def _schedule_refresh(self, root: Path | None, cwd: Path) -> None:
         if not self._tasks.accepting:

@@ -1,0 +1,129 @@
+"""ProjectRegistry (qwenctxd.project): one Project per repository, re-resolved when a ``.git``
+appears or vanishes on the way up, settings that follow the settings file — in process with a
+real WatchHub and ConfigStore, and through the socket of a spawned daemon."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import anyio
+
+from qwenctxd.config import ConfigStore
+from qwenctxd.project import Project, ProjectRegistry
+from qwenctxd.tasks import TaskRegistry
+from qwenctxd.testing.spawn import SpawnedDaemon
+from qwenctxd.watch import WatchHub
+
+SETTLE_S = 15.0  # liveness bound only
+
+
+@asynccontextmanager
+async def registry(home: Path) -> AsyncIterator[ProjectRegistry]:
+    environ = {**os.environ, "HOME": str(home)}
+    environ.pop("QWEN_HOME", None)
+    config = ConfigStore(home=home, xdg_config=home / ".config", environ=environ)
+    config.load_global()
+    hub, tasks = WatchHub(), TaskRegistry()
+    projects = ProjectRegistry(config, hub=hub, tasks=tasks, environ=environ)
+    async with anyio.create_task_group() as tg:
+        tasks.attach(tg)
+        await tg.start(hub.run)
+        await tg.start(config.run, hub)
+        try:
+            yield projects
+        finally:
+            tasks.close()
+            tasks.cancel_all()
+            await tasks.drain(5)
+            tg.cancel_scope.cancel()
+
+
+async def eventually_root(projects: ProjectRegistry, cwd: Path, root: Path | None) -> Project:
+    with anyio.fail_after(SETTLE_S):
+        while True:
+            if (project := projects.get(cwd)).root == root:
+                return project
+            await anyio.sleep(0.01)
+
+
+def test_subdirectories_share_one_project(tmp_path: Path) -> None:
+    async def main() -> None:
+        repo = tmp_path / "repo"
+        (repo / ".git").mkdir(parents=True)
+        (repo / "a" / "b").mkdir(parents=True)
+        async with registry(tmp_path) as projects:
+            top = projects.get(repo)
+            assert top.root == top.anchor == repo
+            assert projects.get(repo / "a") is top
+            assert projects.get(repo / "a" / "b") is top
+            assert top.qwen_home == tmp_path / ".qwen" and top.home == tmp_path
+            resolved = projects.resolutions
+            assert projects.get(repo / "a" / "b") is top
+            assert projects.resolutions == resolved  # warm: no lookup at all
+            plain = tmp_path / "plain"
+            plain.mkdir()
+            other = projects.get(plain)
+            assert other.root is None and other.anchor == plain and other is not top
+
+    anyio.run(main)
+
+
+def test_new_and_removed_git_re_resolve(tmp_path: Path) -> None:
+    async def main() -> None:
+        repo = tmp_path / "repo"
+        (repo / ".git").mkdir(parents=True)
+        sub = repo / "vendor" / "lib"
+        sub.mkdir(parents=True)
+        async with registry(tmp_path) as projects:
+            assert projects.get(sub).root == repo
+            (sub / ".git").write_text("gitdir: /nowhere\n")  # a nested worktree / submodule
+            nested = await eventually_root(projects, sub, sub)
+            assert nested.anchor == sub
+            assert projects.get(repo).root == repo  # the outer repository is unaffected
+            (sub / ".git").unlink()
+            assert await eventually_root(projects, sub, repo) is projects.get(repo)
+            os.rmdir(repo / ".git")
+            assert (await eventually_root(projects, sub, None)).anchor == sub
+
+    anyio.run(main)
+
+
+def test_a_moved_in_settings_file_changes_the_projects_settings(tmp_path: Path) -> None:
+    async def main() -> None:
+        repo = tmp_path / "repo"
+        (repo / ".git").mkdir(parents=True)
+        (repo / ".qwen").mkdir()
+        async with registry(tmp_path) as projects:
+            project = projects.get(repo / ".qwen")
+            assert project.settings.context.file_name != ["NOTES.md"]
+            staged = tmp_path / "staged.json"
+            staged.write_text(json.dumps({"context": {"fileName": ["NOTES.md"]}}))
+            os.replace(staged, repo / ".qwen" / "settings.json")
+            with anyio.fail_after(SETTLE_S):
+                while True:
+                    if projects.get(repo).settings.context.file_name == ["NOTES.md"]:
+                        break
+                    await anyio.sleep(0.01)
+            assert projects.get(repo) is project  # same project, current settings
+
+    anyio.run(main)
+
+
+def test_daemon_notices_a_git_init_after_the_first_prompt(daemon: SpawnedDaemon) -> None:
+    work = daemon.home / "work" / "later"
+    work.mkdir(parents=True)
+    (work / "AGENTS.md").write_text("later agents\n")
+    first = daemon.call("prompt.system", {"cwd": str(work)})
+    assert first["project_root"] is None
+    (work / ".git").mkdir()
+    t0 = time.monotonic()
+    while (r := daemon.call("prompt.system", {"cwd": str(work)}))["project_root"] is None:
+        assert time.monotonic() - t0 < SETTLE_S, "new .git not noticed"
+        time.sleep(0.02)
+    assert r["project_root"] == str(work)
+    assert "later agents" in r["text"]
