@@ -17,10 +17,14 @@ import anyio
 import msgspec
 
 from qwenctxd.client.errors import ConnectionLost, DaemonUnreachable, RemoteError
+from qwenctxd.client.sync import checked_params
 from qwenctxd.paths import socket_path
 from qwenctxd.protocol.framing import FrameDecoder, Framing, FramingError, encode
+from qwenctxd.protocol.methods import Method
 
 T = TypeVar("T")
+P = TypeVar("P")
+R = TypeVar("R")
 _encoder = msgspec.json.Encoder()
 
 
@@ -99,6 +103,11 @@ class AsyncClient:
         assert self._stream is not None
         async with self._lock:
             await self._stream.send(encode(body, self.framing))
+
+    async def request(self, method: Method[P, R], params: P | None = None) -> R:
+        """Call a method of the table with typed params; its typed result (see ``Client``)."""
+        result: R = await self.call(method.name, checked_params(method, params), type=method.result)
+        return result
 
     async def call(self, method: str, params: Any = None, *, type: type[T] | None = None) -> Any:
         rid = next(self._ids)

@@ -1,5 +1,8 @@
 """Blocking client: one socket, either framing, request/notify/batch with typed results.
 
+``request(methods.X, params)`` is the typed call (params struct in, result struct out, driven
+by the method table); ``call(name, params)`` stays for raw names and dict params.
+
 Cheap to import (no anyio): qwenctl uses it so that a one-shot command starts fast.
 """
 
@@ -16,9 +19,22 @@ import msgspec
 from qwenctxd.client.errors import ConnectionLost, DaemonUnreachable, RemoteError
 from qwenctxd.paths import socket_path
 from qwenctxd.protocol.framing import FrameDecoder, Framing, FramingError, encode
+from qwenctxd.protocol.methods import Method
 
 T = TypeVar("T")
+P = TypeVar("P")
+R = TypeVar("R")
 _encoder = msgspec.json.Encoder()
+
+
+def checked_params(method: Method[Any, Any], params: Any) -> Any:
+    """``params`` checked against the table entry (None: the struct's defaults)."""
+    if params is None:
+        return method.params()
+    if not isinstance(params, method.params):
+        raise TypeError(f"{method.name} takes {method.params.__name__}, "
+                        f"not {type(params).__name__}")
+    return params
 
 
 class Client:
@@ -80,6 +96,11 @@ class Client:
             dec.feed(chunk)
 
     # -- JSON-RPC ----------------------------------------------------------------------------
+    def request(self, method: Method[P, R], params: P | None = None) -> R:
+        """Call a method of the table (:mod:`qwenctxd.protocol.methods`) with typed params;
+        its typed result, or the :class:`RemoteError` subclass of the daemon's error code."""
+        return self.call(method.name, checked_params(method, params), type=method.result)
+
     def call(self, method: str, params: Any = None, *, type: type[T] | None = None) -> Any:
         """Send a request and wait for its reply; server notifications are kept aside."""
         rid = next(self._ids)

@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from qwenctxd.protocol import daemon as dwire
+from qwenctxd.protocol import methods
 from qwenctxd.protocol import session as wire
-from qwenctxd.server.dispatch import MethodSpec
+from qwenctxd.server.dispatch import bind
 from qwenctxd.server.methods.instructions_methods import checked_cwd
 
 if TYPE_CHECKING:
@@ -87,18 +88,18 @@ def register(daemon: Daemon) -> None:
         return dwire.OkResult()
 
     for spec in (
-        MethodSpec("session.open", wire.OpenParams, open_),
-        MethodSpec("session.turn", wire.TurnParams, turn),
-        MethodSpec("session.record_model", wire.RecordModelParams, record_model),
-        MethodSpec("session.compress", wire.CompressParams, compress),
-        MethodSpec("session.rewind", wire.RewindParams, rewind),
-        MethodSpec("session.list", wire.ListParams, list_),
-        MethodSpec("session.recap", wire.SessionIdParams, recap),
-        MethodSpec("session.project_summary", wire.SessionIdParams, project_summary),
-        MethodSpec("session.delete", wire.SessionIdParams, delete),
-        MethodSpec("session.set_title", wire.SetTitleParams, set_title),
-        MethodSpec("session.close", wire.SessionIdParams, close),
-        MethodSpec("session.context", wire.SessionIdParams, context),
+        bind(methods.SESSION_OPEN, open_),
+        bind(methods.SESSION_TURN, turn),
+        bind(methods.SESSION_RECORD_MODEL, record_model),
+        bind(methods.SESSION_COMPRESS, compress),
+        bind(methods.SESSION_REWIND, rewind),
+        bind(methods.SESSION_LIST, list_),
+        bind(methods.SESSION_RECAP, recap),
+        bind(methods.SESSION_PROJECT_SUMMARY, project_summary),
+        bind(methods.SESSION_DELETE, delete),
+        bind(methods.SESSION_SET_TITLE, set_title),
+        bind(methods.SESSION_CLOSE, close),
+        bind(methods.SESSION_CONTEXT, context),
     ):
         daemon.dispatcher.register(spec)
 

@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING
 import anyio
 
 from qwenctxd.agents import skill_review
-from qwenctxd.protocol import errors
+from qwenctxd.protocol import errors, methods
 from qwenctxd.protocol import skills as wire
-from qwenctxd.server.dispatch import MethodSpec
+from qwenctxd.server.dispatch import bind
 from qwenctxd.server.methods.instructions_methods import checked_cwd
 
 if TYPE_CHECKING:
@@ -77,9 +77,9 @@ def register(daemon: Daemon) -> None:
         return wire.ReviewRunResult(scheduled=job is not None, reason=reason)
 
     for spec in (
-        MethodSpec("skills.review.list", wire.ReviewListParams, list_),
-        MethodSpec("skills.review.accept", wire.ReviewDraftParams, accept),
-        MethodSpec("skills.review.discard", wire.ReviewDraftParams, discard),
-        MethodSpec("skills.review.run", wire.ReviewRunParams, run),
+        bind(methods.SKILLS_REVIEW_LIST, list_),
+        bind(methods.SKILLS_REVIEW_ACCEPT, accept),
+        bind(methods.SKILLS_REVIEW_DISCARD, discard),
+        bind(methods.SKILLS_REVIEW_RUN, run),
     ):
         daemon.dispatcher.register(spec)

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from qwenctxd.protocol import errors
+from qwenctxd.protocol import errors, methods
 from qwenctxd.protocol import speculation as wire
-from qwenctxd.server.dispatch import MethodSpec
+from qwenctxd.server.dispatch import bind
 
 if TYPE_CHECKING:
     from qwenctxd.server.app import Daemon
@@ -54,9 +54,9 @@ def register(daemon: Daemon) -> None:
         return wire.StatusResult(status=manager.status(p.speculation_id))
 
     for spec_ in (
-        MethodSpec("speculation.start", wire.StartParams, start),
-        MethodSpec("speculation.accept", wire.IdParams, accept),
-        MethodSpec("speculation.abort", wire.IdParams, abort, allowed_while_stopping=True),
-        MethodSpec("speculation.status", wire.IdParams, status, allowed_while_stopping=True),
+        bind(methods.SPECULATION_START, start),
+        bind(methods.SPECULATION_ACCEPT, accept),
+        bind(methods.SPECULATION_ABORT, abort, allowed_while_stopping=True),
+        bind(methods.SPECULATION_STATUS, status, allowed_while_stopping=True),
     ):
         daemon.dispatcher.register(spec_)
