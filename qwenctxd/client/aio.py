@@ -109,9 +109,12 @@ class AsyncClient:
         result: R = await self.call(method.name, checked_params(method, params), type=method.result)
         return result
 
-    async def call(self, method: str, params: Any = None, *, type: type[T] | None = None) -> Any:
+    async def call(self, method: str | Method[Any, Any], params: Any = None, *,
+                   type: type[T] | None = None) -> Any:
+        """Send a request, await its reply (``method``: a name or a table entry)."""
         rid = next(self._ids)
-        req: dict[str, Any] = {"jsonrpc": "2.0", "method": method, "id": rid}
+        name = method if isinstance(method, str) else method.name
+        req: dict[str, Any] = {"jsonrpc": "2.0", "method": name, "id": rid}
         if params is not None:
             req["params"] = params
         ev = self._pending[rid] = anyio.Event()

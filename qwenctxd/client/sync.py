@@ -101,10 +101,15 @@ class Client:
         its typed result, or the :class:`RemoteError` subclass of the daemon's error code."""
         return self.call(method.name, checked_params(method, params), type=method.result)
 
-    def call(self, method: str, params: Any = None, *, type: type[T] | None = None) -> Any:
-        """Send a request and wait for its reply; server notifications are kept aside."""
+    def call(self, method: str | Method[Any, Any], params: Any = None, *,
+             type: type[T] | None = None) -> Any:
+        """Send a request and wait for its reply; server notifications are kept aside.
+
+        ``method`` is a name or a table entry (its name is used; the result stays untyped
+        unless ``type`` is given — ``request`` is the typed call)."""
         rid = next(self._ids)
-        req: dict[str, Any] = {"jsonrpc": "2.0", "method": method, "id": rid}
+        name = method if isinstance(method, str) else method.name
+        req: dict[str, Any] = {"jsonrpc": "2.0", "method": name, "id": rid}
         if params is not None:
             req["params"] = params
         self.send_raw(_encoder.encode(req))
@@ -152,7 +157,7 @@ class Client:
         return out
 
 
-def call(method: str, params: Any = None, *, path: str | Path | None = None,
+def call(method: str | Method[Any, Any], params: Any = None, *, path: str | Path | None = None,
          timeout: float | None = 30.0) -> Any:
     """One-shot helper: connect, call, close."""
     with Client(path, timeout=timeout) as c:

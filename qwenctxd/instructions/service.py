@@ -84,6 +84,8 @@ class InstructionsService:
         environ: Mapping[str, str] | None = None,
         on_rebuild: Callable[[], None] | None = None,
         extension_paths: Callable[[], list[Path]] | None = None,
+        memory_section: MemorySectionProvider | None = None,
+        memory_stamp: Callable[[Path | None, Path], object] | None = None,
     ) -> None:
         self._config = config
         self._hub = hub
@@ -91,9 +93,10 @@ class InstructionsService:
         self._environ = environ if environ is not None else os.environ
         self._on_rebuild = on_rebuild or (lambda: None)
         self._extension_paths = extension_paths or (lambda: [])
-        self.memory_section: MemorySectionProvider | None = None  # filled by the memory subsystem
-        # what changes when the memory section would (cheap; part of the prompt cache stamp)
-        self.memory_stamp: Callable[[Path | None, Path], object] | None = None
+        # the memory subsystem's prompt section, and what changes when it would (cheap; part
+        # of the prompt cache stamp); both given by the composition (server/compose.py)
+        self.memory_section = memory_section
+        self.memory_stamp = memory_stamp
         self._sets: dict[Path, _SetEntry] = {}
         self._epochs: dict[Path, int] = {}
         self._git: dict[Path, _GitEntry] = {}

@@ -33,6 +33,9 @@ class Method(Generic[P, R]):
     def __repr__(self) -> str:
         return f"Method({self.name!r})"
 
+    def __str__(self) -> str:  # messages and logs show the wire name
+        return self.name
+
 
 def _m(name: str, params: type[P], result: type[R] | Any) -> Method[P, R]:
     return Method(name, params, result)

@@ -29,24 +29,7 @@ def register(daemon: Daemon) -> None:
         return await pipeline.record_model(p)
 
     async def compress(ctx: Connection, p: wire.CompressParams) -> wire.CompressResult:
-        s = manager.get(p.session_id)
-        async with s.lock:
-            sp = await manager.system_prompt(s)
-            from qwenctxd.sessions.state import system_tokens
-
-            sys_tok = system_tokens(sp.text, s.tools)
-            if p.mode == "fast":
-                before, _ = s.estimate(sys_tok)
-                events: list[dict[str, object]] = []
-                keep = manager.instructions.settings_for(s.cwd).context.clear_context_on_idle
-                saved = pipeline._micro(s, events, trigger="force",
-                                        keep=keep.tool_results_num_to_keep, strip_reasoning=True)
-                after, _ = s.estimate(sys_tok)
-                return wire.CompressResult(status="compressed" if saved else "noop",
-                                           tokens_before=before, tokens_after=after,
-                                           events=events)
-            return await pipeline.compress(s, trigger="manual", focus=p.instructions,
-                                           sys_tok=sys_tok, reason="manual", forced=True)
+        return await pipeline.compress_now(p)
 
     async def rewind(ctx: Connection, p: wire.RewindParams) -> wire.RewindResult:
         return await pipeline.rewind(p)

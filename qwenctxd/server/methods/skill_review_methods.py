@@ -26,7 +26,7 @@ def _info(d: skill_review.Draft) -> wire.DraftInfo:
 
 
 def register(daemon: Daemon) -> None:
-    reviewer = skill_review.reviewer_for(daemon)
+    reviewer = daemon.reviewer
 
     def root_of(cwd_raw: str, *, required: bool) -> Path | None:
         cwd = checked_cwd(cwd_raw)
@@ -71,7 +71,7 @@ def register(daemon: Daemon) -> None:
 
     async def run(ctx: Connection, p: wire.ReviewRunParams) -> wire.ReviewRunResult:
         s = daemon.sessions.get(p.session_id)
-        settings = skill_review.settings_for(daemon, reviewer.project_root(s))
+        settings = daemon.background.settings_for(reviewer.project_root(s))
         job, reason = reviewer.schedule(s, daemon.tasks, daemon.model, daemon.audit, settings,
                                         force=True)
         return wire.ReviewRunResult(scheduled=job is not None, reason=reason)

@@ -36,13 +36,8 @@ def register(daemon: Daemon) -> None:
         spec = manager.get(p.speculation_id)
         session_id = spec.session_id
         res = await manager.accept(p.speculation_id)
-        if session_id is not None and session_id in daemon.sessions.sessions:
-            s = daemon.sessions.get(session_id)
-            async with s.lock:
-                for m in res.messages:
-                    s.append(m)
-                    daemon.sessions.record(s, m)
-                s.user_turn_open = not res.complete
+        if session_id is not None:
+            await daemon.sessions.adopt_messages(session_id, res.messages, complete=res.complete)
         return wire.AcceptResult(applied=[str(a) for a in res.applied], complete=res.complete,
                                  outcome=res.outcome, conflicts=[str(c) for c in res.conflicts],
                                  messages=len(res.messages))

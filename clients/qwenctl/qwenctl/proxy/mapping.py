@@ -22,6 +22,7 @@ import anyio
 import structlog
 
 from qwenctl.proxy.conversation import Conversation, fingerprint, steps
+from qwenctxd.protocol import methods
 
 log = structlog.get_logger("qwenctl.proxy")
 MAX_CONVERSATIONS = 1024
@@ -62,7 +63,7 @@ class SessionMap:
         params: dict[str, Any] = {"cwd": cwd, "model": model, "session_id": session_id}
         if tools:
             params["tools"] = tools
-        res = await self.daemon.call("session.open", params)
+        res = await self.daemon.call(methods.SESSION_OPEN, params)
         st.session_id, st.fps, st.pending, st.awaiting, st.last_prompt = (
             res["session_id"], [], [], False, None)
         return int(res["messages"])
@@ -102,10 +103,10 @@ class SessionMap:
         prompt: dict[str, Any] | None = None
         for step in steps(dialogue[start:], st.pending):
             if step.kind == "assistant":
-                await self.daemon.call("session.record_model",
+                await self.daemon.call(methods.SESSION_RECORD_MODEL,
                                        {"session_id": st.session_id, "message": step.message})
             else:
-                prompt = await self.daemon.call("session.turn", step.turn_params(st.session_id))
+                prompt = await self.daemon.call(methods.SESSION_TURN, step.turn_params(st.session_id))
         assert prompt is not None  # conversation.parse refuses a history ending in a reply
         st.fps, st.awaiting, st.pending, st.last_prompt = fps, True, [], prompt
         return prompt
@@ -116,7 +117,7 @@ class SessionMap:
         params: dict[str, Any] = {"session_id": st.session_id, "message": message}
         if usage:
             params["usage"] = usage
-        await self.daemon.call("session.record_model", params)
+        await self.daemon.call(methods.SESSION_RECORD_MODEL, params)
         st.fps.append(fingerprint(message))
         st.awaiting, st.last_prompt = False, None
         st.pending = [c["id"] for c in message.get("tool_calls") or []]
@@ -131,7 +132,7 @@ class SessionMap:
         hit = self._extra.get(session_id)
         if hit is not None and hit[0] == prefix_hash:
             return hit[1]
-        sp = await self.daemon.call("prompt.system", {"cwd": cwd, "model": model})
+        sp = await self.daemon.call(methods.PROMPT_SYSTEM, {"cwd": cwd, "model": model})
         text, pos, parts = sp["text"], 0, []
         for sec in sp["sections"]:
             if sec["name"] in ("instructions", "memory"):
