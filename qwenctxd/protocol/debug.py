@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 
 from qwenctxd.protocol.daemon import Params
@@ -19,4 +21,4 @@ class SleepTaskResult(msgspec.Struct, kw_only=True):
 
 class PublishParams(Params):
     topic: str
-    params: dict[str, object] = msgspec.field(default_factory=dict)
+    params: dict[str, Any] = msgspec.field(default_factory=dict)
