@@ -16,7 +16,7 @@ from qwenctxd.protocol import daemon as dwire
 from qwenctxd.protocol import errors as perrors
 from qwenctxd.protocol import instructions as iwire
 from qwenctxd.protocol import memory as mwire
-from qwenctxd.protocol import methods, notifications
+from qwenctxd.protocol import methods, notifications, turn_events
 from qwenctxd.protocol import session as swire
 from qwenctxd.protocol import speculation as spwire
 from qwenctxd.protocol.framing import Framing
@@ -173,3 +173,40 @@ def test_notification_payloads_are_typed(spawn) -> None:  # type: ignore[no-unty
     assert all(isinstance(p, notifications.BackgroundProgress) for p in states)
     assert [p.state for p in states][:2] == ["started", "completed"]
     assert states[0].kind == "debug"
+
+
+def test_turn_and_compress_events_are_typed(daemon: SpawnedDaemon) -> None:
+    with daemon.client() as c:
+        sid = c.request(methods.SESSION_OPEN, swire.OpenParams(
+            cwd=str(daemon.home), model="qwen3-coder-plus")).session_id
+        c.request(methods.SESSION_TURN, swire.TurnParams(session_id=sid, kind="user",
+                                                         text="read them"))
+        for i in range(8):
+            c.request(methods.SESSION_RECORD_MODEL, swire.RecordModelParams(
+                session_id=sid, message={"role": "assistant", "content": "", "tool_calls": [
+                    {"id": f"c{i}", "type": "function", "function": {
+                        "name": "read_file", "arguments": f'{{"path": "/src/f{i}.py"}}'}}]}))
+            c.request(methods.SESSION_TURN, swire.TurnParams(
+                session_id=sid, kind="tool_results", tool_results=[
+                    swire.ToolResult(tool_call_id=f"c{i}", content="data " * 2000)]))
+        c.request(methods.SESSION_RECORD_MODEL, swire.RecordModelParams(
+            session_id=sid, message={"role": "assistant", "content": "", "tool_calls": [
+                {"id": "late", "type": "function",
+                 "function": {"name": "read_file", "arguments": "{}"}}]}))
+        abandoned = c.request(methods.SESSION_TURN, swire.TurnParams(
+            session_id=sid, kind="user", text="never mind"))
+        merged = c.request(methods.SESSION_TURN, swire.TurnParams(
+            session_id=sid, kind="user", text="and again"))
+        fast = c.request(methods.SESSION_COMPRESS,
+                         swire.CompressParams(session_id=sid, mode="fast"))
+    assert turn_events.parse_all(abandoned.events) == [
+        turn_events.ToolCallsAbandoned(tool_call_ids=["late"])]
+    assert turn_events.parse_all(merged.events) == [turn_events.UserTurnMerged()]
+    assert fast.status == "compressed" and fast.tokens_after < fast.tokens_before
+    [micro] = turn_events.parse_all(fast.events)
+    assert isinstance(micro, turn_events.MicroCompacted)
+    assert micro.trigger == "force" and micro.cleared["tool"] == 3 and micro.tokens_saved > 0
+    assert micro.evicted_read_paths == ["/src/f0.py", "/src/f1.py", "/src/f2.py"]
+    # a type this client does not know stays a dict
+    assert turn_events.parse({"type": "from_the_future", "x": 1}) == {
+        "type": "from_the_future", "x": 1}
