@@ -11,7 +11,7 @@ import itertools
 import math
 import os
 from collections.abc import AsyncIterator
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 import msgspec
@@ -20,7 +20,9 @@ from qwenctxd.client.errors import ConnectionLost, DaemonUnreachable, RemoteErro
 from qwenctxd.client.sync import checked_params
 from qwenctxd.paths import socket_path
 from qwenctxd.protocol.framing import FrameDecoder, Framing, FramingError, encode
-from qwenctxd.protocol.methods import Method
+
+if TYPE_CHECKING:  # the table is only needed by callers; keeps this import lean
+    from qwenctxd.protocol.methods import Method
 
 T = TypeVar("T")
 P = TypeVar("P")

@@ -12,14 +12,16 @@ import itertools
 import os
 import socket
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 
 from qwenctxd.client.errors import ConnectionLost, DaemonUnreachable, RemoteError
 from qwenctxd.paths import socket_path
 from qwenctxd.protocol.framing import FrameDecoder, Framing, FramingError, encode
-from qwenctxd.protocol.methods import Method
+
+if TYPE_CHECKING:  # the table is only needed by callers; keeps this import lean
+    from qwenctxd.protocol.methods import Method
 
 T = TypeVar("T")
 P = TypeVar("P")
