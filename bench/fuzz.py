@@ -27,15 +27,15 @@ def rand_text(rng: random.Random, n: int) -> str:
 
 
 def fuzz_dispatch(rng: random.Random) -> int:
-    from qwenctxd.protocol.daemon import Empty
-    from qwenctxd.server.dispatch import Dispatcher, MethodSpec
+    from qwenctxd.protocol import methods
+    from qwenctxd.server.dispatch import Dispatcher, bind
 
     d = Dispatcher()
 
     async def ping(ctx: Any, p: Any) -> str:
         return "pong"
 
-    d.register(MethodSpec("daemon.ping", Empty, ping))
+    d.register(bind(methods.DAEMON_PING, ping))
     pieces = [b'{"jsonrpc":"2.0"', b',"method":"daemon.ping"', b',"id":1', b',"params":{}', b"}",
               b"[", b"]", b",", b'"', b"\\u0000", b"null", b"1e999", b"{", b"\xff"]
 

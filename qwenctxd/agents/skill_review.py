@@ -529,21 +529,3 @@ def _existing_skills(root: Path, cwd: Path, settings: Settings) -> str:
     lines = [f"- {k.name} [{k.level}] {' '.join(k.description.split())[:200]} — {k.path}"
              for k in list(ss.skills.values())[:MAX_LISTED_SKILLS]]
     return "\n".join(lines) or "(none)"
-
-
-# -- one reviewer per daemon --------------------------------------------------------------------
-
-_REVIEWERS: dict[int, tuple[Any, SkillReviewer]] = {}
-
-
-def reviewer_for(daemon: Any) -> SkillReviewer:
-    """The daemon's reviewer (created on first use, shared by the turn hook and the RPCs)."""
-    got = _REVIEWERS.get(id(daemon))
-    if got is None or got[0] is not daemon:
-        got = (daemon, SkillReviewer(audit=getattr(daemon, "audit", None)))
-        _REVIEWERS[id(daemon)] = got
-    return got[1]
-
-
-def settings_for(daemon: Any, root: Path | None) -> Settings:
-    return daemon.config.for_project(root) if root is not None else daemon.config.global_settings

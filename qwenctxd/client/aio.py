@@ -11,16 +11,22 @@ import itertools
 import math
 import os
 from collections.abc import AsyncIterator
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 import msgspec
 
 from qwenctxd.client.errors import ConnectionLost, DaemonUnreachable, RemoteError
+from qwenctxd.client.sync import checked_params
 from qwenctxd.paths import socket_path
 from qwenctxd.protocol.framing import FrameDecoder, Framing, FramingError, encode
 
+if TYPE_CHECKING:  # the table is only needed by callers; keeps this import lean
+    from qwenctxd.protocol.methods import Method
+
 T = TypeVar("T")
+P = TypeVar("P")
+R = TypeVar("R")
 _encoder = msgspec.json.Encoder()
 
 
@@ -100,9 +106,17 @@ class AsyncClient:
         async with self._lock:
             await self._stream.send(encode(body, self.framing))
 
-    async def call(self, method: str, params: Any = None, *, type: type[T] | None = None) -> Any:
+    async def request(self, method: Method[P, R], params: P | None = None) -> R:
+        """Call a method of the table with typed params; its typed result (see ``Client``)."""
+        result: R = await self.call(method.name, checked_params(method, params), type=method.result)
+        return result
+
+    async def call(self, method: str | Method[Any, Any], params: Any = None, *,
+                   type: type[T] | None = None) -> Any:
+        """Send a request, await its reply (``method``: a name or a table entry)."""
         rid = next(self._ids)
-        req: dict[str, Any] = {"jsonrpc": "2.0", "method": method, "id": rid}
+        name = method if isinstance(method, str) else method.name
+        req: dict[str, Any] = {"jsonrpc": "2.0", "method": name, "id": rid}
         if params is not None:
             req["params"] = params
         ev = self._pending[rid] = anyio.Event()

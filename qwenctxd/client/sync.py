@@ -1,5 +1,8 @@
 """Blocking client: one socket, either framing, request/notify/batch with typed results.
 
+``request(methods.X, params)`` is the typed call (params struct in, result struct out, driven
+by the method table); ``call(name, params)`` stays for raw names and dict params.
+
 Cheap to import (no anyio): qwenctl uses it so that a one-shot command starts fast.
 """
 
@@ -9,7 +12,7 @@ import itertools
 import os
 import socket
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 
@@ -17,8 +20,23 @@ from qwenctxd.client.errors import ConnectionLost, DaemonUnreachable, RemoteErro
 from qwenctxd.paths import socket_path
 from qwenctxd.protocol.framing import FrameDecoder, Framing, FramingError, encode
 
+if TYPE_CHECKING:  # the table is only needed by callers; keeps this import lean
+    from qwenctxd.protocol.methods import Method
+
 T = TypeVar("T")
+P = TypeVar("P")
+R = TypeVar("R")
 _encoder = msgspec.json.Encoder()
+
+
+def checked_params(method: Method[Any, Any], params: Any) -> Any:
+    """``params`` checked against the table entry (None: the struct's defaults)."""
+    if params is None:
+        return method.params()
+    if not isinstance(params, method.params):
+        raise TypeError(f"{method.name} takes {method.params.__name__}, "
+                        f"not {type(params).__name__}")
+    return params
 
 
 class Client:
@@ -80,10 +98,20 @@ class Client:
             dec.feed(chunk)
 
     # -- JSON-RPC ----------------------------------------------------------------------------
-    def call(self, method: str, params: Any = None, *, type: type[T] | None = None) -> Any:
-        """Send a request and wait for its reply; server notifications are kept aside."""
+    def request(self, method: Method[P, R], params: P | None = None) -> R:
+        """Call a method of the table (:mod:`qwenctxd.protocol.methods`) with typed params;
+        its typed result, or the :class:`RemoteError` subclass of the daemon's error code."""
+        return self.call(method.name, checked_params(method, params), type=method.result)
+
+    def call(self, method: str | Method[Any, Any], params: Any = None, *,
+             type: type[T] | None = None) -> Any:
+        """Send a request and wait for its reply; server notifications are kept aside.
+
+        ``method`` is a name or a table entry (its name is used; the result stays untyped
+        unless ``type`` is given — ``request`` is the typed call)."""
         rid = next(self._ids)
-        req: dict[str, Any] = {"jsonrpc": "2.0", "method": method, "id": rid}
+        name = method if isinstance(method, str) else method.name
+        req: dict[str, Any] = {"jsonrpc": "2.0", "method": name, "id": rid}
         if params is not None:
             req["params"] = params
         self.send_raw(_encoder.encode(req))
@@ -131,7 +159,7 @@ class Client:
         return out
 
 
-def call(method: str, params: Any = None, *, path: str | Path | None = None,
+def call(method: str | Method[Any, Any], params: Any = None, *, path: str | Path | None = None,
          timeout: float | None = 30.0) -> Any:
     """One-shot helper: connect, call, close."""
     with Client(path, timeout=timeout) as c:

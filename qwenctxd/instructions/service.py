@@ -87,6 +87,8 @@ class InstructionsService:
         on_rebuild: Callable[[], None] | None = None,
         extension_paths: Callable[[], list[Path]] | None = None,
         projects: ProjectRegistry | None = None,
+        memory_section: MemorySectionProvider | None = None,
+        memory_stamp: Callable[[Path | None, Path], object] | None = None,
     ) -> None:
         self._config = config
         self._projects = projects if projects is not None else ProjectRegistry(
@@ -96,9 +98,10 @@ class InstructionsService:
         self._environ = environ if environ is not None else os.environ
         self._on_rebuild = on_rebuild or (lambda: None)
         self._extension_paths = extension_paths or (lambda: [])
-        self.memory_section: MemorySectionProvider | None = None  # filled by the memory subsystem
-        # what changes when the memory section would (cheap; part of the prompt cache stamp)
-        self.memory_stamp: Callable[[Path | None, Path], object] | None = None
+        # the memory subsystem's prompt section, and what changes when it would (cheap; part
+        # of the prompt cache stamp); both given by the composition (server/compose.py)
+        self.memory_section = memory_section
+        self.memory_stamp = memory_stamp
         # shared loads (a cancelled prompt.system stops waiting; the build goes on)
         self._sets: WatchedCache[Path, _SetEntry] = WatchedCache(hub, tasks, "instructions")
         self._git: WatchedCache[Path, _GitEntry] = WatchedCache(hub, tasks, "git")

@@ -8,14 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from qwenctxd.protocol.instructions import PROMPT_ENV_KEYS
+
+__all__ = ["PROMPT_ENV_KEYS", "SEPARATOR", "Composed", "compose", "suffix"]
+
 SEPARATOR = "\n\n---\n\n"
-PROMPT_ENV_KEYS = (
-    "SANDBOX",
-    "QWEN_SYSTEM_MD",
-    "QWEN_WRITE_SYSTEM_MD",
-    "QWEN_SYSTEM_IDENTITY_MD",
-    "QWEN_CODE_TOOL_CALL_STYLE",
-)
 
 
 def suffix(text: str | None) -> str:

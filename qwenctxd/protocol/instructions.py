@@ -11,6 +11,16 @@ from qwenctxd.protocol.daemon import Params
 
 InteractionMode = Literal["interactive", "headless", "acp"]
 
+# The environment variables that shape the system prompt; a client passes its own values in
+# ``PromptSystemParams.env`` / ``OpenParams.env`` (the daemon ignores any other key there).
+PROMPT_ENV_KEYS = (
+    "SANDBOX",
+    "QWEN_SYSTEM_MD",
+    "QWEN_WRITE_SYSTEM_MD",
+    "QWEN_SYSTEM_IDENTITY_MD",
+    "QWEN_CODE_TOOL_CALL_STYLE",
+)
+
 
 class PromptSystemParams(Params):
     cwd: str

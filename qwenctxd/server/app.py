@@ -1,4 +1,5 @@
-"""The daemon: composes the shared services, owns the lifecycle, serves the socket.
+"""The daemon: owns the lifecycle and serves the socket over the services composed by
+:func:`qwenctxd.server.compose.build_services`.
 
 Start-up order: RLIMIT_NOFILE raised → pid lock → socket (adopted or bound) → watchers and
 config reload → accept loop → READY=1. Shutdown (``daemon.shutdown``, SIGTERM or SIGINT)
@@ -24,30 +25,18 @@ import anyio
 import structlog
 
 from qwenctxd import PROTOCOL_VERSION, __version__
-from qwenctxd.agents.audit import AuditLog
-from qwenctxd.agents.extraction import Extractor
-from qwenctxd.agents.speculation import SpeculationManager
 from qwenctxd.config import ConfigStore
 from qwenctxd.config.schema import Settings
-from qwenctxd.events import EventBus
-from qwenctxd.instructions.service import InstructionsService
-from qwenctxd.memory.service import MemoryService
-from qwenctxd.model import ModelClient
 from qwenctxd.paths import ensure_private_dir, pid_path, state_dir
-from qwenctxd.project import ProjectRegistry
 from qwenctxd.protocol import daemon as wire
 from qwenctxd.protocol import errors
 from qwenctxd.server import logging as daemon_logging
 from qwenctxd.server import systemd, transport
-from qwenctxd.server.background import Background
+from qwenctxd.server.compose import build_services
 from qwenctxd.server.connection import Connection
 from qwenctxd.server.dispatch import Dispatcher, error_frame
 from qwenctxd.server.lock import PidLock
-from qwenctxd.sessions.manager import SessionManager
-from qwenctxd.sessions.turns import TurnPipeline
-from qwenctxd.skills.service import SkillsService
-from qwenctxd.tasks import TaskRecord, TaskRegistry
-from qwenctxd.watch import WatchHub
+from qwenctxd.tasks import TaskRecord
 
 log = structlog.get_logger("qwenctxd.daemon")
 
@@ -68,48 +57,33 @@ class Daemon:
         self.activated_fd = activated_fd
         self.state = "starting"
         self.started_monotonic = time.monotonic()
-        self.status_contributors: list[StatusContributor] = []
-        self.bus = EventBus()
-        self.tasks = TaskRegistry()
+        self.status_contributors: list[StatusContributor] = [self._projects_status]
+        self.in_flight_requests = 0
+        self.counters: dict[str, int] = {}
+        self.services = services = build_services(
+            config, state=state_dir(), bump=self.bump, in_flight=lambda: self.in_flight_requests)
+        # the services, by name, for the handlers (server/methods) and the lifecycle below
+        self.bus = services.bus
+        self.tasks = services.tasks
+        self.hub = services.hub
+        self.model = services.model
+        self.projects = services.projects
+        self.instructions = services.instructions
+        self.memory = services.memory
+        self.skills = services.skills
+        self.sessions = services.sessions
+        self.turns = services.turns
+        self.audit = services.audit
+        self.extractor = services.extractor
+        self.reviewer = services.reviewer
+        self.background = services.background
+        self.speculation = services.speculation
         self.tasks.add_listener(self._on_task_event)
-        self.hub = WatchHub()
-        self.model = ModelClient(self.settings.endpoint())
-        self.projects = ProjectRegistry(config, hub=self.hub, tasks=self.tasks)
-        self.instructions = InstructionsService(
-            config, self.hub, self.tasks, on_rebuild=lambda: self.bump("instructions_rebuilds"),
-            projects=self.projects,
-        )
-        self.status_contributors.append(self._projects_status)
-        self.memory = MemoryService(config, self.hub, self.tasks, self.bus,
-                                    model=lambda: self.model,
-                                    projects=self.projects)
-        self.instructions.memory_section = self.memory.prompt_section
-        self.instructions.memory_stamp = self.memory.prompt_stamp
-        self.skills = SkillsService(config, self.hub, self.tasks, self.bus,
-                                    on_refresh=lambda: self.bump("skills_refreshes"),
-                                    projects=self.projects)
-        self.sessions = SessionManager(
-            config=config, instructions=self.instructions, model=lambda: self.model,
-            tasks=self.tasks, bus=self.bus, index_path=state_dir() / "sessions.sqlite",
-            skills=self.skills, memory=self.memory,
-        )
-        self.turns = TurnPipeline(self.sessions)
-        self.audit = AuditLog(state_dir())
-        self.extractor = Extractor(self.memory, self.audit, self.tasks, lambda: self.model)
-        self.background = Background(self)
-        self.sessions.turn_complete_hooks = [self.background.on_turn_complete]
-        self.speculation = SpeculationManager()
-        self.sessions.user_turn_hooks = [
-            lambda s: self.background.on_user_turn(s.cwd),
-            lambda s: self.speculation.abort_session(s.id),
-        ]
         self.status_contributors.append(self._sessions_status)
         self.dispatcher = Dispatcher(is_stopping=lambda: self.state != "serving")
-        self.in_flight_requests = 0
         self._requests_idle = anyio.Event()
         self.connections = 0
         self._fresh: dict[int, Connection] = {}  # connections yet to send their first frame
-        self.counters: dict[str, int] = {}
         self._lock = PidLock(pid_path(socket_path))
         self._bound_here = False
         self._stop = anyio.Event()
@@ -182,6 +156,7 @@ class Daemon:
                     activated=self.activated_fd is not None,
                 )
                 tg.start_soon(self.background.idle_loop)
+                tg.start_soon(self.sessions.idle_close_loop)
                 if self.model.configured:  # the ~1 s openai import, off the first request
                     tg.start_soon(self._warm_model)
                 # start-up garbage is permanent: keep the collector from rescanning it

@@ -1,7 +1,7 @@
 """``rpc.discover``: every served method as an OpenRPC 1.2.6 document.
 
 Built from what the dispatcher actually serves — each method's params struct (msgspec's JSON
-Schema; params are by-name, unknown fields refused) and its handler's return annotation — so
+Schema; params are by-name, unknown fields refused) and its result type from the method table (``qwenctxd.protocol.methods``) — so
 client authors, code generators and fuzzers see the exact wire shapes, and the document cannot
 drift from the code. Shared types live once under ``components.schemas``. Built on first call
 and kept (the method table is fixed once the daemon serves).
@@ -21,16 +21,8 @@ REF_TEMPLATE = "#/components/schemas/{name}"
 
 
 def result_type(spec: MethodSpec[Any]) -> Any:
-    """The handler's declared return type, or None when it cannot be resolved."""
-    raw = getattr(spec.handler, "__annotations__", {}).get("return")
-    if raw is None:
-        return None
-    if not isinstance(raw, str):
-        return raw
-    try:
-        return eval(raw, getattr(spec.handler, "__globals__", {}))  # noqa: S307 - own source
-    except Exception:  # noqa: BLE001 - an unresolvable annotation just has no schema
-        return None
+    """The method's result type from the table (``qwenctxd.protocol.methods``), or None."""
+    return spec.result
 
 
 def _describe(schema: dict[str, Any], components: dict[str, Any]) -> tuple[list[dict[str, Any]],

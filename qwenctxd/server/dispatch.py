@@ -3,7 +3,7 @@
 jsonrpcserver makes the call, checks the Result, maps JsonRpcError and shapes the response
 objects. We replace what its defaults do slowly or leak (daemon-ecosystem.md §3.2): a msgspec
 decode of the frame, a per-element envelope check (so one bad member of a batch fails only
-itself), an explicit method table, typed params (msgspec Structs whose errors name the
+itself), the method table of :mod:`qwenctxd.protocol.methods` (handlers bound by :func:`bind`), typed params (msgspec Structs whose errors name the
 offending field in ``data``) instead of its per-call ``inspect.signature`` bind, and a wrapper
 that keeps internal exception text out of replies. That brings a ping's dispatch from ~125 µs
 (its defaults) to ~6 µs.
@@ -28,6 +28,7 @@ from jsonrpcserver.result import Error, Success
 from jsonrpcserver.sentinels import NOID
 
 from qwenctxd.protocol import errors, framing
+from qwenctxd.protocol.methods import Method, lookup
 from qwenctxd.server import logging as daemon_logging
 
 log = structlog.get_logger("qwenctxd.rpc")
@@ -51,14 +52,23 @@ class _Envelope(msgspec.Struct, forbid_unknown_fields=True):
 
 @dataclass(frozen=True)
 class MethodSpec(Generic[P]):
-    """One served method: its params struct, its handler, and how it behaves while draining."""
+    """One served method: its table entry's name, params struct and result type, its handler,
+    and how it behaves while draining. Build it with :func:`bind`."""
 
     name: str
     params: type[P]
     handler: Handler
+    result: Any = None  # the table's result type (``rpc.discover`` reads it)
     allowed_while_stopping: bool = False
     quiet: bool = False  # logged at debug instead of info (liveness probes)
     inline: bool = False  # the handler never awaits: run in the read loop, without a task
+
+
+def bind(method: Method[Any, Any], handler: Handler, *, allowed_while_stopping: bool = False,
+         quiet: bool = False, inline: bool = False) -> MethodSpec[Any]:
+    """Serve ``method`` (an entry of :mod:`qwenctxd.protocol.methods`) with ``handler``."""
+    return MethodSpec(method.name, method.params, handler, method.result,
+                      allowed_while_stopping=allowed_while_stopping, quiet=quiet, inline=inline)
 
 
 def field_of(exc: msgspec.ValidationError) -> tuple[str, str, str]:
@@ -114,6 +124,9 @@ class Dispatcher:
     def register(self, spec: MethodSpec[Any]) -> None:
         if spec.name in self._methods:
             raise ValueError(f"method {spec.name} registered twice")
+        entry = lookup(spec.name)
+        if entry is None or entry.params is not spec.params or entry.result != spec.result:
+            raise ValueError(f"method {spec.name} does not match qwenctxd.protocol.methods")
         self.specs[spec.name] = spec
         if spec.inline:
             self.inline.add(spec.name)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -62,8 +62,14 @@ class SessionManager:
         skills: SkillsService | None = None,
         memory: MemoryService | None = None,
         environ: Mapping[str, str] | None = None,
+        turn_complete_hooks: Sequence[Callable[[Session], list[str]]] = (),
+        user_turn_hooks: Sequence[Callable[[Session], None]] = (),
     ) -> None:
         self.config = config
+        # background work after a completed user-query turn (its names are reported as
+        # ``scheduled``), and what a new user turn interrupts (dream, speculation)
+        self.turn_complete_hooks = tuple(turn_complete_hooks)
+        self.user_turn_hooks = tuple(user_turn_hooks)
         self.instructions = instructions
         self._model = model
         self.tasks = tasks
@@ -356,11 +362,24 @@ class SessionManager:
             if self.tasks.accepting:
                 await self.close_idle(minutes * 60)
 
+    async def adopt_messages(self, session_id: str, messages: list[dict[str, Any]], *,
+                             complete: bool) -> None:
+        """Append messages produced elsewhere (an accepted speculation) to a live session and
+        its transcript; the user turn stays open unless they completed it. A session closed
+        meanwhile is left alone."""
+        if session_id not in self.sessions:
+            return
+        s = self.get(session_id)
+        async with s.lock:
+            for m in messages:
+                s.append(m)
+                self.record(s, m)
+            s.user_turn_open = not complete
+
     def on_user_turn_complete(self, s: Session) -> list[str]:
         """Hook for background work after a user-query turn (extraction, dream: issue 7)."""
-        hooks = getattr(self, "turn_complete_hooks", [])
         scheduled: list[str] = []
-        for hook in hooks:
+        for hook in self.turn_complete_hooks:
             scheduled.extend(hook(s))
         return scheduled
 

@@ -64,7 +64,7 @@ class TurnPipeline:
                 if title is not None:
                     self.m.apply_title(s, title, source="auto")
             if p.kind == "user":
-                for hook in getattr(self.m, "user_turn_hooks", []):
+                for hook in self.m.user_turn_hooks:
                     hook(s)
             if p.kind == "user" and p.text:
                 self._start_prefetch(s, p.text, p.active_tools or [])
@@ -344,6 +344,24 @@ class TurnPipeline:
             saved = self._micro(s, events, trigger="force", keep=keep)
             events.append({"type": "compression_fallback", "fallback": "micro_compaction",
                            "status": result.status, "cause": cause, "tokens_saved": saved})
+
+    async def compress_now(self, p: wire.CompressParams) -> wire.CompressResult:
+        """``session.compress``: ``fast`` clears old tool output at once (forced
+        micro-compaction, reasoning stripped); ``full`` summarises the history with the model."""
+        s = self.m.get(p.session_id)
+        async with s.lock:
+            sp = await self.m.system_prompt(s)
+            sys_tok = system_tokens(sp.text, s.tools)
+            if p.mode != "fast":
+                return await self.compress(s, trigger="manual", focus=p.instructions,
+                                           sys_tok=sys_tok, reason="manual", forced=True)
+            before, _ = s.estimate(sys_tok)
+            events: list[dict[str, Any]] = []
+            keep = self._settings(s).context.clear_context_on_idle.tool_results_num_to_keep
+            saved = self._micro(s, events, trigger="force", keep=keep, strip_reasoning=True)
+            after, _ = s.estimate(sys_tok)
+            return wire.CompressResult(status="compressed" if saved else "noop",
+                                       tokens_before=before, tokens_after=after, events=events)
 
     async def compress(self, s: Session, *, trigger: str, focus: str | None, sys_tok: int,
                        reason: str, forced: bool) -> wire.CompressResult:

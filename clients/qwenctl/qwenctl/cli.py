@@ -38,6 +38,8 @@ from qwenctl.daemon_link import (
 from qwenctl.proxy import command as proxy_cmd
 from qwenctxd.client import Client, ClientError, RemoteError
 from qwenctxd.paths import socket_path
+from qwenctxd.protocol import methods
+from qwenctxd.protocol.methods import Method
 
 
 class Ctx:
@@ -51,7 +53,8 @@ class Ctx:
             self._client = connect(self.args.socket, autostart=auto, timeout=self.args.timeout)
         return self._client
 
-    def call(self, method: str, params: Any = None, *, autostart: bool | None = None) -> Any:
+    def call(self, method: str | Method[Any, Any], params: Any = None, *,
+             autostart: bool | None = None) -> Any:
         return self.client(autostart=autostart).call(method, params)
 
     def close(self) -> None:
@@ -65,7 +68,7 @@ def emit_json(obj: Any) -> None:
 
 # -- commands --------------------------------------------------------------------------------
 def cmd_status(ctx: Ctx) -> int:
-    st = ctx.call("daemon.status")
+    st = ctx.call(methods.DAEMON_STATUS)
     if ctx.args.json:
         emit_json(st)
     else:
@@ -78,9 +81,9 @@ def cmd_drain(ctx: Ctx) -> int:
     last = None
     while True:
         left = max(0.0, deadline - time.monotonic())
-        res = ctx.call("daemon.drain", {"timeout_s": min(0.5, left)}, autostart=False)
+        res = ctx.call(methods.DAEMON_DRAIN, {"timeout_s": min(0.5, left)}, autostart=False)
         if not ctx.args.json and res["pending"] != last and not res["drained"]:
-            bg = ctx.call("daemon.status", autostart=False)["background"]
+            bg = ctx.call(methods.DAEMON_STATUS, autostart=False)["background"]
             kinds = ", ".join(t["kind"] for t in bg["in_flight"]) or "-"
             sys.stdout.write(f"waiting: {res['pending']} pending (running: {kinds})\n")
             sys.stdout.flush()
@@ -98,18 +101,18 @@ def cmd_drain(ctx: Ctx) -> int:
 
 def cmd_stop(ctx: Ctx) -> int:
     client = ctx.client(autostart=False)
-    pid = client.call("daemon.status")["pid"]
+    pid = client.call(methods.DAEMON_STATUS)["pid"]
     params: dict[str, Any] = {"drain": not ctx.args.no_drain}
     if ctx.args.stop_timeout is not None:
         params["timeout_s"] = ctx.args.stop_timeout
-    client.call("daemon.shutdown", params)
+    client.call(methods.DAEMON_SHUTDOWN, params)
     client.close()
     # while it drains the daemon still answers daemon.status: show progress until it is gone
     last: tuple[int, str] | None = None
     while True:
         try:
             with Client(ctx.args.socket, timeout=5) as probe:
-                st = probe.call("daemon.status")
+                st = probe.call(methods.DAEMON_STATUS)
         except (ClientError, OSError):
             break
         if st.get("pid") != pid:

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from qwenctl import render_context, session_cmds
 from qwenctl.cmdutil import command_cwd
 from qwenctl.daemon_link import EXIT_OK
+from qwenctxd.protocol import methods
 
 if TYPE_CHECKING:
     from qwenctl.cli import Ctx
@@ -47,7 +48,7 @@ def default_session(ctx: Ctx, cwd: Path) -> dict[str, Any] | None:
     """The newest open (else newest) session of ``cwd``, or of the nearest parent that has
     sessions, going no higher than the project root (the first directory with ``.git``)."""
     for d in (cwd, *cwd.parents):
-        rows = ctx.call("session.list", {"cwd": str(d)})["sessions"]  # newest first
+        rows = ctx.call(methods.SESSION_LIST, {"cwd": str(d)})["sessions"]  # newest first
         if rows:
             return next((r for r in rows if r.get("open")), rows[0])  # type: ignore[no-any-return]
         if (d / ".git").exists():
@@ -67,7 +68,7 @@ def cmd_context(ctx: Ctx) -> int:
                      "(see `qwenctl sessions --all`)")
     else:
         try:
-            row = session_cmds.resolve(ctx.call("session.list", {})["sessions"],
+            row = session_cmds.resolve(ctx.call(methods.SESSION_LIST, {})["sessions"],
                                        ctx.args.session)
         except session_cmds.Resolve as exc:
             return session_cmds._fail(ctx, str(exc), matches=exc.matches)  # noqa: SLF001

@@ -15,6 +15,7 @@ from pathlib import Path
 from qwenctxd.client import Client, DaemonUnreachable
 from qwenctxd.client.errors import ClientError
 from qwenctxd.paths import socket_path, state_dir
+from qwenctxd.protocol import methods
 
 EXIT_OK, EXIT_DAEMON_ERROR, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
 
@@ -85,7 +86,7 @@ def connect(socket_override: str | None, *, autostart: bool, timeout: float | No
             )
         try:
             client = Client(sock, timeout=timeout)
-            client.call("daemon.ping")
+            client.call(methods.DAEMON_PING)
             return client
         except (DaemonUnreachable, ClientError, OSError):
             time.sleep(0.05)

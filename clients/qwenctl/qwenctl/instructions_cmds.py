@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 from qwenctl import render_instructions
 from qwenctl.cmdutil import command_cwd, home_dir
 from qwenctl.daemon_link import EXIT_OK
-from qwenctxd.instructions.system_prompt import PROMPT_ENV_KEYS  # a leaf module, cheap
+from qwenctxd.protocol import methods
+from qwenctxd.protocol.instructions import PROMPT_ENV_KEYS
 
 if TYPE_CHECKING:
     from qwenctl.cli import Ctx
@@ -46,7 +47,7 @@ def cmd_prompt(ctx: Ctx) -> int:
     env = prompt_env()
     if env:
         params["env"] = env
-    res = ctx.call("prompt.system", params)
+    res = ctx.call(methods.PROMPT_SYSTEM, params)
     if a.json:
         emit_json(res)
         return EXIT_OK
@@ -61,7 +62,7 @@ def cmd_instructions(ctx: Ctx) -> int:
     from qwenctl.cli import emit_json
 
     cwd = command_cwd(ctx)
-    res = ctx.call("instructions.files", {"cwd": cwd})
+    res = ctx.call(methods.INSTRUCTIONS_FILES, {"cwd": cwd})
     if ctx.args.json:
         emit_json(res)
     else:

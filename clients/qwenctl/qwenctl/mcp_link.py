@@ -21,6 +21,7 @@ import anyio
 
 from qwenctl.daemon_link import Unreachable, connect
 from qwenctxd.client import Client, ConnectionLost, DaemonUnreachable, RemoteError
+from qwenctxd.protocol.methods import Method
 
 REPLY_TIMEOUT_S = 120.0
 INSTRUCTION_SECTIONS = ("instructions", "memory")
@@ -58,7 +59,7 @@ class DaemonLink:
             self._client.close()
             self._client = None
 
-    def call_sync(self, method: str, params: dict[str, Any]) -> Any:
+    def call_sync(self, method: str | Method[Any, Any], params: dict[str, Any]) -> Any:
         with self._lock:
             for attempt in (1, 2):
                 try:
@@ -82,7 +83,7 @@ class DaemonLink:
                     self.reconnects += 1
             raise AssertionError("unreachable")
 
-    async def call(self, method: str, params: dict[str, Any]) -> Any:
+    async def call(self, method: str | Method[Any, Any], params: dict[str, Any]) -> Any:
         return await anyio.to_thread.run_sync(self.call_sync, method, params)
 
     def close(self) -> None:

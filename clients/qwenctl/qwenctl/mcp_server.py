@@ -18,6 +18,9 @@ import sys
 import warnings
 from typing import TYPE_CHECKING, Any, Literal
 
+from qwenctxd.protocol import methods
+from qwenctxd.protocol.methods import Method
+
 if TYPE_CHECKING:
     from qwenctl.mcp_link import DaemonLink
 
@@ -120,21 +123,21 @@ def build_server(link: "DaemonLink", cwd: str | None) -> Any:
 
     project = Project(cwd)
 
-    async def daemon(method: str, params: dict[str, Any]) -> Any:
+    async def daemon(method: str | Method[Any, Any], params: dict[str, Any]) -> Any:
         try:
             return await link.call(method, params)
         except ToolFailure as exc:
             raise ToolError(str(exc)) from None
 
-    async def resource_call(method: str, params: dict[str, Any]) -> Any:
+    async def resource_call(method: str | Method[Any, Any], params: dict[str, Any]) -> Any:
         try:
             return await link.call(method, params)
         except ToolFailure as exc:
             raise MCPError(code=INVALID_PARAMS, message=str(exc)) from None
 
     async def instructions_text(where: str) -> str:
-        prompt = await link.call("prompt.system", {"cwd": where})
-        files = await link.call("instructions.files", {"cwd": where})
+        prompt = await link.call(methods.PROMPT_SYSTEM, {"cwd": where})
+        files = await link.call(methods.INSTRUCTIONS_FILES, {"cwd": where})
         return render_instructions(prompt, files)
 
     class QwenctxServer(MCPServer):  # type: ignore[misc]
@@ -142,7 +145,7 @@ def build_server(link: "DaemonLink", cwd: str | None) -> Any:
 
         async def _handle_list_resources(self, rctx: Any, params: Any) -> Any:
             where = await project.resolve(rctx.session)
-            docs = (await resource_call("memory.list", {"cwd": where}))["docs"]
+            docs = (await resource_call(methods.MEMORY_LIST, {"cwd": where}))["docs"]
             resources = [Resource(uri=INSTRUCTIONS_URI, name="project instructions",
                                   description="QWEN.md layering, rules and the memory index "
                                               f"for {where}", mime_type="text/markdown")]
@@ -160,7 +163,7 @@ def build_server(link: "DaemonLink", cwd: str | None) -> Any:
                 except ToolFailure as exc:
                     raise MCPError(code=INVALID_PARAMS, message=str(exc)) from None
             elif uri.startswith(MEMORY_URI_PREFIX):
-                docs = (await resource_call("memory.list", {"cwd": where}))["docs"]
+                docs = (await resource_call(methods.MEMORY_LIST, {"cwd": where}))["docs"]
                 match = next((d for d in docs if memory_uri(d) == uri), None)
                 if match is None:
                     raise MCPError(code=INVALID_PARAMS, message=f"no such memory: {uri}",
@@ -178,14 +181,14 @@ def build_server(link: "DaemonLink", cwd: str | None) -> Any:
 
         async def _handle_list_prompts(self, rctx: Any, params: Any) -> Any:
             where = await project.resolve(rctx.session)
-            listed = await resource_call("skills.list", {"cwd": where})
+            listed = await resource_call(methods.SKILLS_LIST, {"cwd": where})
             return ListPromptsResult(prompts=[
                 Prompt(name=s["name"], description=s["description"])
                 for s in listed["skills"]])
 
         async def _handle_get_prompt(self, rctx: Any, params: Any) -> Any:
             where = await project.resolve(rctx.session)
-            loaded = await resource_call("skills.load", {"cwd": where, "name": params.name})
+            loaded = await resource_call(methods.SKILLS_LOAD, {"cwd": where, "name": params.name})
             return GetPromptResult(
                 description=f"the {loaded['name']} skill",
                 messages=[PromptMessage(role="user",

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from qwenctl import render, render_memory
 from qwenctl.cmdutil import command_cwd, emit_result, home_dir
 from qwenctl.daemon_link import EXIT_DAEMON_ERROR, EXIT_OK, EXIT_USAGE
+from qwenctxd.protocol import methods
 
 if TYPE_CHECKING:
     from qwenctl.cli import Ctx
@@ -169,7 +170,7 @@ def cmd_list(ctx: Ctx) -> int:
     scope = getattr(ctx.args, "scope", None)
     if scope:
         params["scope"] = scope
-    res = ctx.call("memory.list", params)
+    res = ctx.call(methods.MEMORY_LIST, params)
     if ctx.args.json:
         emit_json(res)
     else:
@@ -187,7 +188,7 @@ def cmd_recall(ctx: Ctx) -> int:
     params: dict[str, Any] = {"cwd": cwd, "query": query}
     if ctx.args.tools:
         params["active_tools"] = list(ctx.args.tools)
-    res = ctx.call("memory.recall", params)
+    res = ctx.call(methods.MEMORY_RECALL, params)
     if ctx.args.json:
         emit_json(res)
     else:
@@ -215,7 +216,7 @@ def cmd_forget(ctx: Ctx) -> int:
     params: dict[str, Any] = {"cwd": cwd, "query": query}
     if a.limit is not None:
         params["limit"] = a.limit
-    candidates = ctx.call("memory.forget_candidates", params)["candidates"]
+    candidates = ctx.call(methods.MEMORY_FORGET_CANDIDATES, params)["candidates"]
     if not candidates:
         if a.json:
             emit_json({"candidates": [], "selected": [], "removed": []})
@@ -240,7 +241,7 @@ def cmd_forget(ctx: Ctx) -> int:
                          candidates=candidates, selected=paths)
         if not _confirm(len(paths)):
             return _fail(ctx, "nothing forgotten", selected=paths)
-    removed = ctx.call("memory.forget", {"cwd": cwd, "paths": paths})["removed"]
+    removed = ctx.call(methods.MEMORY_FORGET, {"cwd": cwd, "paths": paths})["removed"]
     missing = [p for p in paths if p not in set(removed)]
     if a.json:
         emit_json({"candidates": candidates, "selected": paths, "removed": removed})
@@ -256,7 +257,7 @@ def cmd_status(ctx: Ctx) -> int:
     from qwenctl.cli import emit_json
 
     cwd = command_cwd(ctx)
-    res = ctx.call("memory.status", {"cwd": cwd})
+    res = ctx.call(methods.MEMORY_STATUS, {"cwd": cwd})
     if ctx.args.json:
         emit_json(res)
     else:
@@ -266,7 +267,7 @@ def cmd_status(ctx: Ctx) -> int:
 
 def cmd_add(ctx: Ctx) -> int:
     scope = "global" if ctx.args.global_scope else "project"
-    res = ctx.call("instructions.add_memory", {"cwd": command_cwd(ctx), "scope": scope,
+    res = ctx.call(methods.INSTRUCTIONS_ADD_MEMORY, {"cwd": command_cwd(ctx), "scope": scope,
                                                "text": " ".join(ctx.args.text)})
     emit_result(ctx, res, f"added to {render.short_path(res['path'], None, home_dir())}")
     return EXIT_OK
@@ -275,7 +276,7 @@ def cmd_add(ctx: Ctx) -> int:
 def cmd_dream(ctx: Ctx) -> int:
     from qwenctl.cli import emit_json
 
-    res = ctx.call("memory.dream", {"cwd": command_cwd(ctx), "force": bool(ctx.args.force)})
+    res = ctx.call(methods.MEMORY_DREAM, {"cwd": command_cwd(ctx), "force": bool(ctx.args.force)})
     if ctx.args.json:
         emit_json(res)
     elif res["scheduled"]:
@@ -318,7 +319,7 @@ def dream_skipped_line(res: dict[str, Any]) -> str:
 def cmd_log(ctx: Ctx) -> int:
     from qwenctl.cli import emit_json
 
-    res = ctx.call("memory.log", {"limit": ctx.args.limit})
+    res = ctx.call(methods.MEMORY_LOG, {"limit": ctx.args.limit})
     if ctx.args.json:
         emit_json(res)
         return EXIT_OK
@@ -342,7 +343,7 @@ def cmd_log(ctx: Ctx) -> int:
 def cmd_undo(ctx: Ctx) -> int:
     from qwenctl.cli import emit_json
 
-    res = ctx.call("memory.undo", {"id": ctx.args.id})
+    res = ctx.call(methods.MEMORY_UNDO, {"id": ctx.args.id})
     if ctx.args.json:
         emit_json(res)
     else:

@@ -13,6 +13,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from qwenctl.daemon_link import EXIT_OK, EXIT_USAGE
+from qwenctxd.protocol import methods as table
 
 if TYPE_CHECKING:
     from qwenctl.cli import Ctx
@@ -56,23 +57,23 @@ def type_label(schema: dict[str, Any]) -> str:
 def cmd_methods(ctx: Ctx) -> int:
     from qwenctl.cli import emit_json
 
-    doc = ctx.call("rpc.discover")
-    methods = {m["name"]: m for m in doc["methods"]}
+    doc = ctx.call(table.RPC_DISCOVER)
+    served = {m["name"]: m for m in doc["methods"]}
     name = ctx.args.name
     if name is None:
         if ctx.args.json:
-            emit_json(sorted(methods))
+            emit_json(sorted(served))
             return EXIT_OK
-        width = max(map(len, methods))
-        for m in methods.values():
+        width = max(map(len, served))
+        for m in served.values():
             params = ", ".join(p["name"] + ("" if p["required"] else "?") for p in m["params"])
             sys.stdout.write(f"{m['name']:<{width}}  {{{params}}}\n")
         return EXIT_OK
-    if name not in methods:
+    if name not in served:
         sys.stderr.write(f"qwenctl: the daemon serves no method {name!r} "
                          "(see `qwenctl methods`)\n")
         return EXIT_USAGE
-    m = methods[name]
+    m = served[name]
     if ctx.args.json:
         emit_json(m)
         return EXIT_OK

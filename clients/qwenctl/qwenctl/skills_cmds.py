@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from qwenctl import render, render_skills
 from qwenctl.cmdutil import command_cwd, home_dir
 from qwenctl.daemon_link import EXIT_OK
+from qwenctxd.protocol import methods
 
 if TYPE_CHECKING:
     from qwenctl.cli import Ctx
@@ -80,7 +81,7 @@ def cmd_list(ctx: Ctx) -> int:
     from qwenctl.cli import emit_json
 
     cwd = command_cwd(ctx)
-    res = ctx.call("skills.list", {"cwd": cwd})
+    res = ctx.call(methods.SKILLS_LIST, {"cwd": cwd})
     if ctx.args.json:
         emit_json(res)
     else:
@@ -94,8 +95,8 @@ def cmd_show(ctx: Ctx) -> int:
     cwd = command_cwd(ctx)
     name = ctx.args.name
     # load first: an unknown name is the daemon's error (with the known names) -> exit 1
-    loaded = ctx.call("skills.load", {"cwd": cwd, "name": name})
-    listed = ctx.call("skills.list", {"cwd": cwd})
+    loaded = ctx.call(methods.SKILLS_LOAD, {"cwd": cwd, "name": name})
+    listed = ctx.call(methods.SKILLS_LIST, {"cwd": cwd})
     info = next((s for s in listed["skills"] if s["name"] == loaded["name"]), None)
     shadowed = [s for s in listed.get("shadowed") or [] if s["name"] == loaded["name"]]
     if ctx.args.json:
@@ -111,7 +112,7 @@ def cmd_review(ctx: Ctx) -> int:
 
     action = getattr(ctx.args, "review_command", None) or "list"
     if action == "run":
-        res = ctx.call("skills.review.run", {"session_id": ctx.args.session_id})
+        res = ctx.call(methods.SKILLS_REVIEW_RUN, {"session_id": ctx.args.session_id})
         if ctx.args.json:
             emit_json(res)
         elif res["scheduled"]:
@@ -129,7 +130,7 @@ def cmd_review(ctx: Ctx) -> int:
         else:
             sys.stdout.write(f"discarded {ctx.args.draft_id}\n")
         return EXIT_OK
-    res = ctx.call("skills.review.list", {"cwd": cwd})
+    res = ctx.call(methods.SKILLS_REVIEW_LIST, {"cwd": cwd})
     if ctx.args.json:
         emit_json(res)
         return EXIT_OK

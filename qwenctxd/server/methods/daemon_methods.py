@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 from qwenctxd import PROTOCOL_VERSION, __version__
 from qwenctxd.protocol import daemon as wire
-from qwenctxd.protocol import errors
-from qwenctxd.server.dispatch import MethodSpec
+from qwenctxd.protocol import errors, methods
+from qwenctxd.server.dispatch import bind
 
 if TYPE_CHECKING:
     from qwenctxd.server.app import Daemon
@@ -73,19 +73,19 @@ def register(daemon: Daemon) -> None:
         return discovered
 
     for spec in (
-        MethodSpec("daemon.hello", wire.HelloParams, hello, allowed_while_stopping=True,
+        bind(methods.DAEMON_HELLO, hello, allowed_while_stopping=True,
                    inline=True),
-        MethodSpec("daemon.ping", wire.Empty, ping, allowed_while_stopping=True, quiet=True,
+        bind(methods.DAEMON_PING, ping, allowed_while_stopping=True, quiet=True,
                    inline=True),
-        MethodSpec("daemon.status", wire.Empty, status, allowed_while_stopping=True,
+        bind(methods.DAEMON_STATUS, status, allowed_while_stopping=True,
                    inline=True),
-        MethodSpec("daemon.drain", wire.DrainParams, drain, allowed_while_stopping=True),
-        MethodSpec("daemon.shutdown", wire.ShutdownParams, shutdown, allowed_while_stopping=True),
-        MethodSpec("daemon.subscribe", wire.SubscribeParams, subscribe),
-        MethodSpec("rpc.discover", wire.Empty, discover, allowed_while_stopping=True),
-        MethodSpec("rpc.cancel", wire.CancelParams, cancel, allowed_while_stopping=True,
+        bind(methods.DAEMON_DRAIN, drain, allowed_while_stopping=True),
+        bind(methods.DAEMON_SHUTDOWN, shutdown, allowed_while_stopping=True),
+        bind(methods.DAEMON_SUBSCRIBE, subscribe),
+        bind(methods.RPC_DISCOVER, discover, allowed_while_stopping=True),
+        bind(methods.RPC_CANCEL, cancel, allowed_while_stopping=True,
                    inline=True),
-        MethodSpec("$/cancelRequest", wire.CancelParams, cancel, allowed_while_stopping=True,
+        bind(methods.CANCEL_REQUEST, cancel, allowed_while_stopping=True,
                    inline=True),
     ):
         daemon.dispatcher.register(spec)

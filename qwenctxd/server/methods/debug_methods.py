@@ -9,29 +9,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import anyio
-import msgspec
 
-from qwenctxd.protocol.daemon import Params
-from qwenctxd.server.dispatch import MethodSpec
+from qwenctxd.protocol import methods
+from qwenctxd.protocol.debug import PublishParams, SleepTaskParams, SleepTaskResult
+from qwenctxd.server.dispatch import bind
 
 if TYPE_CHECKING:
     from qwenctxd.server.app import Daemon
     from qwenctxd.server.connection import Connection
-
-
-class SleepTaskParams(Params):
-    seconds: float = msgspec.field(default=1.0)
-    kind: str = "debug"
-    key: str | None = None
-
-
-class SleepTaskResult(msgspec.Struct, kw_only=True):
-    task_id: int
-
-
-class PublishParams(Params):
-    topic: str
-    params: dict[str, object] = msgspec.field(default_factory=dict)
 
 
 def register(daemon: Daemon) -> None:
@@ -46,5 +31,5 @@ def register(daemon: Daemon) -> None:
         daemon.bus.publish(p.topic, p.params)
         return {"ok": True}
 
-    daemon.dispatcher.register(MethodSpec("debug.sleep_task", SleepTaskParams, sleep_task))
-    daemon.dispatcher.register(MethodSpec("debug.publish", PublishParams, publish))
+    daemon.dispatcher.register(bind(methods.DEBUG_SLEEP_TASK, sleep_task))
+    daemon.dispatcher.register(bind(methods.DEBUG_PUBLISH, publish))

@@ -12,9 +12,9 @@ from qwenctxd.instructions import add_memory as memory_file
 from qwenctxd.instructions import tool_roles
 from qwenctxd.instructions.discovery import normalize_filenames
 from qwenctxd.instructions.rules import relative_to_root, rule_reminder
-from qwenctxd.protocol import errors
+from qwenctxd.protocol import errors, methods
 from qwenctxd.protocol import instructions as wire
-from qwenctxd.server.dispatch import MethodSpec
+from qwenctxd.server.dispatch import bind
 from qwenctxd.skills.listing import SKILL_TOOL
 
 if TYPE_CHECKING:
@@ -116,9 +116,9 @@ def register(daemon: Daemon) -> None:
         return wire.MatchRulesResult(rules=out)
 
     for spec in (
-        MethodSpec("prompt.system", wire.PromptSystemParams, prompt_system),
-        MethodSpec("instructions.match_rules", wire.MatchRulesParams, match_rules),
-        MethodSpec("instructions.files", wire.CwdParams, files),
-        MethodSpec("instructions.add_memory", wire.AddMemoryParams, add_memory),
+        bind(methods.PROMPT_SYSTEM, prompt_system),
+        bind(methods.INSTRUCTIONS_MATCH_RULES, match_rules),
+        bind(methods.INSTRUCTIONS_FILES, files),
+        bind(methods.INSTRUCTIONS_ADD_MEMORY, add_memory),
     ):
         daemon.dispatcher.register(spec)

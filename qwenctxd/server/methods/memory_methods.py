@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from qwenctxd.memory import render
-from qwenctxd.protocol import errors
+from qwenctxd.protocol import errors, methods
 from qwenctxd.protocol import memory as wire
-from qwenctxd.server.dispatch import MethodSpec
+from qwenctxd.server.dispatch import bind
 from qwenctxd.server.methods.instructions_methods import checked_cwd
 
 if TYPE_CHECKING:
@@ -140,16 +140,16 @@ def register(daemon: Daemon) -> None:
             force_skips=(reason in FORCE_SKIPS) or None)
 
     for spec in (
-        MethodSpec("memory.dream", wire.DreamParams, dream),
-        MethodSpec("memory.extract", wire.ExtractParams, extract),
-        MethodSpec("memory.log", wire.LogParams, log),
-        MethodSpec("memory.undo", wire.UndoParams, undo),
-        MethodSpec("memory.list", wire.ListParams, list_),
-        MethodSpec("memory.recall", wire.RecallParams, recall),
-        MethodSpec("memory.forget_candidates", wire.ForgetCandidatesParams, forget_candidates),
-        MethodSpec("memory.forget", wire.ForgetParams, forget),
-        MethodSpec("memory.save", wire.SaveParams, save),
-        MethodSpec("memory.check_write", wire.CheckWriteParams, check_write),
-        MethodSpec("memory.status", wire.StatusParams, status),
+        bind(methods.MEMORY_DREAM, dream),
+        bind(methods.MEMORY_EXTRACT, extract),
+        bind(methods.MEMORY_LOG, log),
+        bind(methods.MEMORY_UNDO, undo),
+        bind(methods.MEMORY_LIST, list_),
+        bind(methods.MEMORY_RECALL, recall),
+        bind(methods.MEMORY_FORGET_CANDIDATES, forget_candidates),
+        bind(methods.MEMORY_FORGET, forget),
+        bind(methods.MEMORY_SAVE, save),
+        bind(methods.MEMORY_CHECK_WRITE, check_write),
+        bind(methods.MEMORY_STATUS, status),
     ):
         daemon.dispatcher.register(spec)

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from qwenctxd.protocol import methods
 from qwenctxd.protocol import model as wire
-from qwenctxd.server.dispatch import MethodSpec
+from qwenctxd.server.dispatch import bind
 
 if TYPE_CHECKING:
     from qwenctxd.server.app import Daemon
@@ -29,4 +30,4 @@ def register(daemon: Daemon) -> None:
             config_files=[str(f) for f in daemon.config.files],
             config_error=daemon.config.last_error)
 
-    daemon.dispatcher.register(MethodSpec("model.probe", wire.ProbeParams, probe))
+    daemon.dispatcher.register(bind(methods.MODEL_PROBE, probe))

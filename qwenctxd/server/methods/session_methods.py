@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from qwenctxd.protocol import daemon as dwire
+from qwenctxd.protocol import methods
 from qwenctxd.protocol import session as wire
-from qwenctxd.server.dispatch import MethodSpec
+from qwenctxd.server.dispatch import bind
 from qwenctxd.server.methods.instructions_methods import checked_cwd
 
 if TYPE_CHECKING:
@@ -28,24 +29,7 @@ def register(daemon: Daemon) -> None:
         return await pipeline.record_model(p)
 
     async def compress(ctx: Connection, p: wire.CompressParams) -> wire.CompressResult:
-        s = manager.get(p.session_id)
-        async with s.lock:
-            sp = await manager.system_prompt(s)
-            from qwenctxd.sessions.state import system_tokens
-
-            sys_tok = system_tokens(sp.text, s.tools)
-            if p.mode == "fast":
-                before, _ = s.estimate(sys_tok)
-                events: list[dict[str, object]] = []
-                keep = manager.instructions.settings_for(s.cwd).context.clear_context_on_idle
-                saved = pipeline._micro(s, events, trigger="force",
-                                        keep=keep.tool_results_num_to_keep, strip_reasoning=True)
-                after, _ = s.estimate(sys_tok)
-                return wire.CompressResult(status="compressed" if saved else "noop",
-                                           tokens_before=before, tokens_after=after,
-                                           events=events)
-            return await pipeline.compress(s, trigger="manual", focus=p.instructions,
-                                           sys_tok=sys_tok, reason="manual", forced=True)
+        return await pipeline.compress_now(p)
 
     async def rewind(ctx: Connection, p: wire.RewindParams) -> wire.RewindResult:
         return await pipeline.rewind(p)
@@ -87,18 +71,18 @@ def register(daemon: Daemon) -> None:
         return dwire.OkResult()
 
     for spec in (
-        MethodSpec("session.open", wire.OpenParams, open_),
-        MethodSpec("session.turn", wire.TurnParams, turn),
-        MethodSpec("session.record_model", wire.RecordModelParams, record_model),
-        MethodSpec("session.compress", wire.CompressParams, compress),
-        MethodSpec("session.rewind", wire.RewindParams, rewind),
-        MethodSpec("session.list", wire.ListParams, list_),
-        MethodSpec("session.recap", wire.SessionIdParams, recap),
-        MethodSpec("session.project_summary", wire.SessionIdParams, project_summary),
-        MethodSpec("session.delete", wire.SessionIdParams, delete),
-        MethodSpec("session.set_title", wire.SetTitleParams, set_title),
-        MethodSpec("session.close", wire.SessionIdParams, close),
-        MethodSpec("session.context", wire.SessionIdParams, context),
+        bind(methods.SESSION_OPEN, open_),
+        bind(methods.SESSION_TURN, turn),
+        bind(methods.SESSION_RECORD_MODEL, record_model),
+        bind(methods.SESSION_COMPRESS, compress),
+        bind(methods.SESSION_REWIND, rewind),
+        bind(methods.SESSION_LIST, list_),
+        bind(methods.SESSION_RECAP, recap),
+        bind(methods.SESSION_PROJECT_SUMMARY, project_summary),
+        bind(methods.SESSION_DELETE, delete),
+        bind(methods.SESSION_SET_TITLE, set_title),
+        bind(methods.SESSION_CLOSE, close),
+        bind(methods.SESSION_CONTEXT, context),
     ):
         daemon.dispatcher.register(spec)
 

@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING
 import anyio
 
 from qwenctxd.agents import skill_review
-from qwenctxd.protocol import errors
+from qwenctxd.protocol import errors, methods
 from qwenctxd.protocol import skills as wire
-from qwenctxd.server.dispatch import MethodSpec
+from qwenctxd.server.dispatch import bind
 from qwenctxd.server.methods.instructions_methods import checked_cwd
 
 if TYPE_CHECKING:
@@ -26,7 +26,7 @@ def _info(d: skill_review.Draft) -> wire.DraftInfo:
 
 
 def register(daemon: Daemon) -> None:
-    reviewer = skill_review.reviewer_for(daemon)
+    reviewer = daemon.reviewer
 
     def root_of(cwd_raw: str, *, required: bool) -> Path | None:
         cwd = checked_cwd(cwd_raw)
@@ -71,15 +71,15 @@ def register(daemon: Daemon) -> None:
 
     async def run(ctx: Connection, p: wire.ReviewRunParams) -> wire.ReviewRunResult:
         s = daemon.sessions.get(p.session_id)
-        settings = skill_review.settings_for(daemon, reviewer.project_root(s))
+        settings = daemon.background.settings_for(reviewer.project_root(s))
         job, reason = reviewer.schedule(s, daemon.tasks, daemon.model, daemon.audit, settings,
                                         force=True)
         return wire.ReviewRunResult(scheduled=job is not None, reason=reason)
 
     for spec in (
-        MethodSpec("skills.review.list", wire.ReviewListParams, list_),
-        MethodSpec("skills.review.accept", wire.ReviewDraftParams, accept),
-        MethodSpec("skills.review.discard", wire.ReviewDraftParams, discard),
-        MethodSpec("skills.review.run", wire.ReviewRunParams, run),
+        bind(methods.SKILLS_REVIEW_LIST, list_),
+        bind(methods.SKILLS_REVIEW_ACCEPT, accept),
+        bind(methods.SKILLS_REVIEW_DISCARD, discard),
+        bind(methods.SKILLS_REVIEW_RUN, run),
     ):
         daemon.dispatcher.register(spec)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from qwenctxd.protocol import errors
+from qwenctxd.protocol import errors, methods
 from qwenctxd.protocol import skills as wire
-from qwenctxd.server.dispatch import MethodSpec
+from qwenctxd.server.dispatch import bind
 from qwenctxd.server.methods.instructions_methods import checked_cwd
 from qwenctxd.skills import listing
 from qwenctxd.skills.model import Skill
@@ -56,5 +56,5 @@ def register(daemon: Daemon) -> None:
         return wire.LoadResult(name=skill.name, base_dir=str(skill.base_dir),
                                content=listing.load_text(skill))
 
-    daemon.dispatcher.register(MethodSpec("skills.list", wire.ListParams, list_))
-    daemon.dispatcher.register(MethodSpec("skills.load", wire.LoadParams, load))
+    daemon.dispatcher.register(bind(methods.SKILLS_LIST, list_))
+    daemon.dispatcher.register(bind(methods.SKILLS_LOAD, load))

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from qwenctxd.protocol import errors
+from qwenctxd.protocol import errors, methods
 from qwenctxd.protocol import speculation as wire
-from qwenctxd.server.dispatch import MethodSpec
+from qwenctxd.server.dispatch import bind
 
 if TYPE_CHECKING:
     from qwenctxd.server.app import Daemon
@@ -36,13 +36,8 @@ def register(daemon: Daemon) -> None:
         spec = manager.get(p.speculation_id)
         session_id = spec.session_id
         res = await manager.accept(p.speculation_id)
-        if session_id is not None and session_id in daemon.sessions.sessions:
-            s = daemon.sessions.get(session_id)
-            async with s.lock:
-                for m in res.messages:
-                    s.append(m)
-                    daemon.sessions.record(s, m)
-                s.user_turn_open = not res.complete
+        if session_id is not None:
+            await daemon.sessions.adopt_messages(session_id, res.messages, complete=res.complete)
         return wire.AcceptResult(applied=[str(a) for a in res.applied], complete=res.complete,
                                  outcome=res.outcome, conflicts=[str(c) for c in res.conflicts],
                                  messages=len(res.messages))
@@ -54,9 +49,9 @@ def register(daemon: Daemon) -> None:
         return wire.StatusResult(status=manager.status(p.speculation_id))
 
     for spec_ in (
-        MethodSpec("speculation.start", wire.StartParams, start),
-        MethodSpec("speculation.accept", wire.IdParams, accept),
-        MethodSpec("speculation.abort", wire.IdParams, abort, allowed_while_stopping=True),
-        MethodSpec("speculation.status", wire.IdParams, status, allowed_while_stopping=True),
+        bind(methods.SPECULATION_START, start),
+        bind(methods.SPECULATION_ACCEPT, accept),
+        bind(methods.SPECULATION_ABORT, abort, allowed_while_stopping=True),
+        bind(methods.SPECULATION_STATUS, status, allowed_while_stopping=True),
     ):
         daemon.dispatcher.register(spec_)

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from qwenctxd.protocol import methods
 from qwenctxd.protocol import session as wire
-from qwenctxd.server.dispatch import MethodSpec
+from qwenctxd.server.dispatch import bind
 
 if TYPE_CHECKING:
     from qwenctxd.server.app import Daemon
@@ -19,4 +20,4 @@ def register(daemon: Daemon) -> None:
 
         return await read(daemon.sessions, p.session_id)
 
-    daemon.dispatcher.register(MethodSpec("session.transcript", wire.SessionIdParams, transcript))
+    daemon.dispatcher.register(bind(methods.SESSION_TRANSCRIPT, transcript))

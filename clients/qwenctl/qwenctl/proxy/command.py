@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 
 from qwenctl.daemon_link import EXIT_OK, EXIT_USAGE
 from qwenctl.proxy import keys
+from qwenctxd.protocol import methods
 
 if TYPE_CHECKING:
     from qwenctl.cli import Ctx
@@ -54,7 +55,7 @@ def _upstream(ctx: Ctx, key: str) -> tuple[str | None, str | None]:
     ep = ConfigStore().load_global().endpoint()
     url = ctx.args.upstream or ep.base_url
     if not url:
-        url = (ctx.call("daemon.status").get("model") or {}).get("base_url")
+        url = (ctx.call(methods.DAEMON_STATUS).get("model") or {}).get("base_url")
     up_key = os.environ.get(UPSTREAM_KEY_ENV) or ep.api_key
     if up_key == key:  # OPENAI_API_KEY came from `eval "$(qwenctl proxy env)"`
         up_key = None
@@ -77,7 +78,7 @@ def serve(ctx: Ctx) -> int:
         sys.stderr.write(f"qwenctl proxy: --cwd {cwd} is not a directory\n")
         return EXIT_USAGE
     key = keys.load_or_create_key()
-    ctx.call("daemon.ping")  # autostarts the daemon unless --no-autostart
+    ctx.call(methods.DAEMON_PING)  # autostarts the daemon unless --no-autostart
     url, up_key = _upstream(ctx, key)
     ctx.close()
     if not url:

@@ -14,6 +14,8 @@ import anyio
 import structlog
 
 from qwenctxd.client import AsyncClient, ConnectionLost, DaemonUnreachable
+from qwenctxd.protocol import methods
+from qwenctxd.protocol.methods import Method
 
 log = structlog.get_logger("qwenctl.proxy")
 LOST = (ConnectionLost, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError)
@@ -34,7 +36,7 @@ class DaemonLink:
         while True:
             try:
                 async with AsyncClient(self.socket) as client:
-                    await client.call("daemon.hello", {"client": {"name": "qwenctl-proxy"},
+                    await client.call(methods.DAEMON_HELLO, {"client": {"name": "qwenctl-proxy"},
                                                        "protocol": 1})
                     self._client, self._error = client, None
                     self._generation += 1
@@ -62,7 +64,7 @@ class DaemonLink:
             raise self._error or DaemonUnreachable(str(self.socket), "no connection")
         return self._client
 
-    async def call(self, method: str, params: Any = None) -> Any:
+    async def call(self, method: str | Method[Any, Any], params: Any = None) -> Any:
         gen, client = self._generation, self._client
         if client is None:
             client = await self._renew(gen)

@@ -25,6 +25,7 @@ import structlog
 
 from qwenctl.proxy.conversation import Conversation, fingerprint, steps
 from qwenctxd.client.history import SessionHistory
+from qwenctxd.protocol import methods
 
 log = structlog.get_logger("qwenctl.proxy")
 MAX_CONVERSATIONS = 1024
@@ -66,7 +67,7 @@ class SessionMap:
         params: dict[str, Any] = {"cwd": cwd, "model": model, "session_id": session_id}
         if tools:
             params["tools"] = tools
-        res = await self.daemon.call("session.open", params)
+        res = await self.daemon.call(methods.SESSION_OPEN, params)
         st.session_id, st.fps, st.pending, st.awaiting, st.last_prompt = (
             res["session_id"], [], [], False, None)
         st.view = SessionHistory(res["session_id"])
@@ -109,7 +110,7 @@ class SessionMap:
         prompt: dict[str, Any] | None = None
         for step in steps(dialogue[start:], st.pending):
             if step.kind == "assistant":
-                await self.daemon.call("session.record_model",
+                await self.daemon.call(methods.SESSION_RECORD_MODEL,
                                        {"session_id": st.session_id, "message": step.message})
             else:
                 prompt = await st.view.aturn(self.daemon, step.turn_params(st.session_id))
@@ -123,7 +124,7 @@ class SessionMap:
         params: dict[str, Any] = {"session_id": st.session_id, "message": message}
         if usage:
             params["usage"] = usage
-        await self.daemon.call("session.record_model", params)
+        await self.daemon.call(methods.SESSION_RECORD_MODEL, params)
         st.fps.append(fingerprint(message))
         st.awaiting, st.last_prompt = False, None
         st.pending = [c["id"] for c in message.get("tool_calls") or []]
@@ -138,7 +139,7 @@ class SessionMap:
         hit = self._extra.get(session_id)
         if hit is not None and hit[0] == prefix_hash:
             return hit[1]
-        sp = await self.daemon.call("prompt.system", {"cwd": cwd, "model": model})
+        sp = await self.daemon.call(methods.PROMPT_SYSTEM, {"cwd": cwd, "model": model})
         text, pos, parts = sp["text"], 0, []
         for sec in sp["sections"]:
             if sec["name"] in ("instructions", "memory"):

@@ -1,0 +1,109 @@
+"""The daemon's services, built once at start-up in one readable order.
+
+:func:`build_services` is the only place that knows how the subsystems fit together: each
+service gets what it needs as constructor arguments (its collaborators, its hooks), nothing is
+patched in afterwards and nothing is looked up in module globals. Order, bottom up:
+
+    bus, tasks, watch hub, model client, project registry (cwd → one Project per repository)
+    instructions  (its memory section comes from the memory service, bound below)
+    memory        (project roots from the registry)
+    skills, audit log, extractor, skill reviewer, speculation
+    background    (extraction, dream and skill review after turns; the idle dream loop)
+    sessions      (hooks: after a user turn → background + speculation; after a completed
+                   turn → background), then the turn pipeline over them
+
+The server (:class:`qwenctxd.server.app.Daemon`) owns the lifecycle and the socket; handlers
+reach the services through it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from qwenctxd.agents.audit import AuditLog
+from qwenctxd.agents.extraction import Extractor
+from qwenctxd.agents.skill_review import SkillReviewer
+from qwenctxd.agents.speculation import SpeculationManager
+from qwenctxd.config import ConfigStore
+from qwenctxd.events import EventBus
+from qwenctxd.instructions.service import InstructionsService
+from qwenctxd.memory.service import MemoryService
+from qwenctxd.model import ModelClient
+from qwenctxd.project import ProjectRegistry
+from qwenctxd.server.background import Background
+from qwenctxd.sessions.manager import SessionManager
+from qwenctxd.sessions.turns import TurnPipeline
+from qwenctxd.skills.service import SkillsService
+from qwenctxd.tasks import TaskRegistry
+from qwenctxd.watch import WatchHub
+
+
+@dataclass(frozen=True)
+class Services:
+    """Everything the daemon serves with, wired together."""
+
+    config: ConfigStore
+    bus: EventBus
+    tasks: TaskRegistry
+    hub: WatchHub
+    model: ModelClient
+    projects: ProjectRegistry
+    instructions: InstructionsService
+    memory: MemoryService
+    skills: SkillsService
+    audit: AuditLog
+    extractor: Extractor
+    reviewer: SkillReviewer
+    speculation: SpeculationManager
+    background: Background
+    sessions: SessionManager
+    turns: TurnPipeline
+
+
+def build_services(config: ConfigStore, *, state: Path, bump: Callable[[str], None],
+                   in_flight: Callable[[], int]) -> Services:
+    """The services over ``config``, with their stores under ``state``; ``bump`` counts
+    rebuilds for ``daemon.status``, ``in_flight`` tells the idle loop whether requests run."""
+    bus = EventBus()
+    tasks = TaskRegistry()
+    hub = WatchHub()
+    model = ModelClient(config.global_settings.endpoint())
+    projects = ProjectRegistry(config, hub=hub, tasks=tasks)
+
+    def the_model() -> ModelClient:
+        return model
+
+    memory: MemoryService | None = None
+
+    def memory_section(root: Path | None, cwd: Path) -> str:
+        return memory.prompt_section(root, cwd) if memory is not None else ""
+
+    def memory_stamp(root: Path | None, cwd: Path) -> object:
+        return memory.prompt_stamp(root, cwd) if memory is not None else None
+
+    instructions = InstructionsService(
+        config, hub, tasks, on_rebuild=lambda: bump("instructions_rebuilds"),
+        memory_section=memory_section, memory_stamp=memory_stamp, projects=projects)
+    memory = MemoryService(config, hub, tasks, bus, model=the_model, projects=projects)
+    skills = SkillsService(config, hub, tasks, bus, on_refresh=lambda: bump("skills_refreshes"),
+                           projects=projects)
+    audit = AuditLog(state)
+    extractor = Extractor(memory, audit, tasks, the_model)
+    reviewer = SkillReviewer(audit=audit)
+    speculation = SpeculationManager()
+    background = Background(config=config, tasks=tasks, model=model, memory=memory,
+                            instructions=instructions, audit=audit, extractor=extractor,
+                            reviewer=reviewer, in_flight=in_flight)
+    sessions = SessionManager(
+        config=config, instructions=instructions, model=the_model, tasks=tasks, bus=bus,
+        index_path=state / "sessions.sqlite", skills=skills, memory=memory,
+        turn_complete_hooks=[background.on_turn_complete],
+        user_turn_hooks=[lambda s: background.on_user_turn(s.cwd),
+                         lambda s: speculation.abort_session(s.id)],
+    )
+    return Services(config=config, bus=bus, tasks=tasks, hub=hub, model=model, projects=projects,
+                    instructions=instructions, memory=memory, skills=skills, audit=audit,
+                    extractor=extractor, reviewer=reviewer, speculation=speculation,
+                    background=background, sessions=sessions, turns=TurnPipeline(sessions))

@@ -1,0 +1,102 @@
+"""Clients speak the wire contract only: qwenctl (clients/) imports the client library, the
+protocol package and the socket paths of qwenctxd, never a subsystem; the client and protocol
+packages themselves import nothing above them; handler modules (server/methods) reach no
+subsystem internals (names starting with ``_``); the daemon is composed by constructor
+arguments, not attribute patching or module-global registries."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CLIENTS = ROOT / "clients"
+PACKAGE = ROOT / "qwenctxd"
+CLIENT_API = ("qwenctxd.client", "qwenctxd.protocol", "qwenctxd.paths",
+              # a leaf helper below every subsystem (atomic writes), no daemon state
+              "qwenctxd.fsutil")
+# qwenctl proxy reads the same endpoint settings (URL, API key) the daemon reads, from the
+# user's own settings files: a local read of configuration, not a call into the daemon
+EXCEPTIONS = {("qwenctl/qwenctl/proxy/command.py", "qwenctxd.config")}
+
+
+def imports(path: Path) -> list[tuple[str, list[str]]]:
+    """(module, imported names) for every absolute import in ``path``, lazy ones included."""
+    out: list[tuple[str, list[str]]] = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            out.extend((a.name, []) for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.append((node.module, [a.name for a in node.names]))
+    return out
+
+
+def within(mod: str, prefixes: tuple[str, ...]) -> bool:
+    return any(mod == p or mod.startswith(p + ".") for p in prefixes)
+
+
+def test_clients_import_only_the_client_protocol_and_paths() -> None:
+    files = sorted(CLIENTS.rglob("*.py"))
+    assert files, "no client sources found"
+    bad = []
+    for path in files:
+        rel = str(path.relative_to(CLIENTS))
+        for mod, _names in imports(path):
+            if mod.split(".")[0] != "qwenctxd" or mod == "qwenctxd":
+                continue
+            if within(mod, CLIENT_API) or (rel, mod) in EXCEPTIONS:
+                continue
+            if within(mod, ("qwenctxd.testing",)) and "/tests/" in f"/{rel}":
+                continue
+            bad.append(f"{rel} imports {mod}")
+    assert bad == []
+
+
+def test_client_and_protocol_packages_import_nothing_above_them() -> None:
+    bad = []
+    for pkg, allowed in (("protocol", ("qwenctxd.protocol",)),
+                         ("client", ("qwenctxd.client", "qwenctxd.protocol", "qwenctxd.paths"))):
+        for path in sorted((PACKAGE / pkg).rglob("*.py")):
+            for mod, _names in imports(path):
+                if mod.startswith("qwenctxd.") and not within(mod, allowed):
+                    bad.append(f"{path.relative_to(ROOT)} imports {mod}")
+    assert bad == []
+
+
+def private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def test_handlers_reach_no_subsystem_internals() -> None:
+    files = sorted((PACKAGE / "server" / "methods").glob("*.py"))
+    assert len(files) > 5
+    bad = []
+    for path in files:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for mod, names in imports(path):
+            if mod.startswith("qwenctxd.") and not within(mod, ("qwenctxd.server",)):
+                if private(mod.rsplit(".", 1)[-1]):
+                    bad.append(f"{path.name} imports module {mod}")
+                bad.extend(f"{path.name} imports {mod}.{n}" for n in names if private(n))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and private(node.attr):
+                bad.append(f"{path.name}:{node.lineno} uses .{node.attr}")
+    assert bad == []
+
+
+def test_no_attribute_patching_or_global_registries_in_the_composition() -> None:
+    sources = {p: p.read_text(encoding="utf-8") for p in PACKAGE.rglob("*.py")}
+    for needle in ('getattr(self, "turn_complete_hooks"', 'getattr(self.m, "user_turn_hooks"',
+                   "_REVIEWERS", "reviewer_for(", "id(daemon)"):
+        assert [str(p.relative_to(ROOT)) for p, t in sources.items() if needle in t] == [], needle
+    app = ast.parse((PACKAGE / "server" / "app.py").read_text(encoding="utf-8"))
+    patched = []
+    for node in ast.walk(app):
+        if isinstance(node, ast.Assign):
+            for target in node.targets:
+                # self.<service>.<attr> = …: wiring a service after construction
+                if (isinstance(target, ast.Attribute) and isinstance(target.value, ast.Attribute)
+                        and isinstance(target.value.value, ast.Name)
+                        and target.value.value.id == "self"):
+                    patched.append(f"app.py:{node.lineno}")
+    assert patched == []
