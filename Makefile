@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run test e2e bench lint clean
+.PHONY: install run test e2e bench reliability lint clean
 
 install: $(STAMP)
 
@@ -33,6 +33,10 @@ e2e: install
 
 bench: install
 	$(BIN)/python -m bench
+
+# One benchmark of `make bench`: kill -9 under load, and RSS over a long run (bench/reliability.py).
+reliability: install
+	$(BIN)/python -m bench reliability
 
 lint: install
 	$(BIN)/ruff check qwenctxd clients tests bench

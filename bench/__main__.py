@@ -6,7 +6,7 @@ import importlib
 import sys
 
 ALL = ["ping", "instructions", "sessions", "skills", "recall", "qwenctl_startup", "extraction",
-       "shell_classify", "fuzz", "mcp", "proxy", "connection", "deadlines", "incremental",
+       "shell_classify", "fuzz", "mcp", "proxy", "connection", "deadlines", "incremental", "reliability",
        "vs_qwen"]
 
 
