@@ -237,8 +237,17 @@ def test_model_timeout_falls_back_within_the_timeout(spawn) -> None:  # type: ig
         d: SpawnedDaemon = spawn(env={**model_env(stub), "QWENCTXD_MODEL_TIMEOUT_S": "1"}).start()
         repo = repo_in(d.home)
         a, _, _ = _seed(d, repo)
-        stub.push(Reply(content=json.dumps({"selected_memories": [str(a)]})))
-        d.call("memory.recall", {"cwd": str(repo), "query": "warm up"})  # the openai import
+        # warm up (the openai import) until a model answer arrives: on a loaded machine the
+        # first call may time out before its request is sent, leaving its reply queued
+        deadline = time.monotonic() + 30
+        while True:
+            if stub.pending == 0:
+                stub.push(Reply(content=json.dumps({"selected_memories": [str(a)]})))
+            warm = d.call("memory.recall", {"cwd": str(repo), "query": "warm up"})
+            if warm["strategy"] == "model":
+                break
+            assert time.monotonic() < deadline, warm
+        assert stub.pending == 0
         stub.push(Reply(fault="slow", delay_s=5))
         t0 = time.monotonic()
         r = d.call("memory.recall", {"cwd": str(repo), "query": "release freeze"})
