@@ -14,6 +14,15 @@ def command_cwd(ctx: Any) -> str:
     return os.path.abspath(cwd) if cwd else os.getcwd()
 
 
+def add_session_args(parser: Any) -> None:
+    """The optional SESSION positional and ``--cwd`` of commands that act on one session."""
+    parser.add_argument("session", metavar="SESSION", nargs="?",
+                        help="session id or a unique prefix of one (default: this directory's "
+                             "newest open session, else its newest)")
+    parser.add_argument("--cwd", metavar="DIR", help="the directory whose session is meant "
+                                                     "(default: the current one)")
+
+
 def home_dir() -> str | None:
     """The home directory for ``~/`` shortening, None when it cannot be determined."""
     home = os.path.expanduser("~")

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qwenctl import context_cmds, session_cmds
-from qwenctl.cmdutil import command_cwd
+from qwenctl.cmdutil import add_session_args, command_cwd
 from qwenctl.daemon_link import EXIT_DAEMON_ERROR, EXIT_OK
 
 if TYPE_CHECKING:
@@ -27,15 +27,11 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     """Register ``compress`` on the top-level subparsers ``sub``."""
     c = sub.add_parser("compress", parents=[common],
                        help="compact one session's context now (a model summary, or --fast)")
-    c.add_argument("session", metavar="SESSION", nargs="?",
-                   help="session id or a unique prefix of one (default: this directory's "
-                        "newest open session, else its newest)")
+    add_session_args(c)
     c.add_argument("--fast", action="store_true",
                    help="clear old tool results and reasoning only (no model call)")
     c.add_argument("--instructions", metavar="TEXT",
                    help="what the summary should focus on (full compression only)")
-    c.add_argument("--cwd", metavar="DIR", help="the directory whose session is meant "
-                                                "(default: the current one)")
 
 
 def _compress(ctx: Ctx, row: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qwenctl import render_context, session_cmds
-from qwenctl.cmdutil import command_cwd
+from qwenctl.cmdutil import add_session_args, command_cwd
 from qwenctl.daemon_link import EXIT_OK
 from qwenctxd.protocol import methods
 
@@ -35,11 +35,7 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     """Register ``context`` on the top-level subparsers ``sub``."""
     c = sub.add_parser("context", parents=[common],
                        help="a picture of one session's context window, part by part")
-    c.add_argument("session", metavar="SESSION", nargs="?",
-                   help="session id or a unique prefix of one (default: this directory's "
-                        "newest open session, else its newest)")
-    c.add_argument("--cwd", metavar="DIR", help="the directory whose session is meant "
-                                                "(default: the current one)")
+    add_session_args(c)
     c.add_argument("--width", type=int, default=None,
                    help="bar width in columns (default: the terminal's, 80 when piped)")
 
