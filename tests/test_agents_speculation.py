@@ -99,7 +99,7 @@ async def model() -> AsyncIterator[tuple[ScriptedOpenAI, ModelClient]]:
 
 async def run_to_end(mgr: SpeculationManager, sid: str) -> dict[str, Any]:
     with anyio.fail_after(15):
-        return await mgr.run(sid)
+        return (await mgr.run(sid)).speculation
 
 
 async def run_in_background(mgr: SpeculationManager, sid: str,
@@ -471,7 +471,7 @@ async def test_accept_while_running_stops_at_a_safe_point_and_newer_supersedes(
     sid = mgr.start(client, session_history=HISTORY, cwd=root, project_root=root,
                     suggestion="second idea", session_id="s1")
     assert mgr.status(old)["state"] == "aborted" and not old_dir.exists()
-    assert (await mgr.run(old))["state"] == "aborted"  # a superseded job does nothing
+    assert (await mgr.run(old)).speculation["state"] == "aborted"  # a superseded job does nothing
 
     async def accept() -> AcceptResult:
         t0 = time.monotonic()

@@ -487,6 +487,8 @@ class Dreamer:
             result.files = written
             if outcome.status in ("failed", "timed_out"):
                 result.reason = outcome.error or outcome.status
+                ctx.fs.roll_back()  # the endpoint failed mid-run: leave the memories as found
+                result.files = []
             else:
                 result.problems = _validate_written(root, written)
                 if result.problems:

@@ -165,8 +165,11 @@ class Extractor:
             log.info("extraction cancelled", session=req.session_id)
             raise
         if outcome.status in ("failed", "timed_out"):
+            # a failed run leaves nothing: its earlier writes are undone (the cursor stays, so
+            # the next run sees the same messages and can write them again, whole)
+            await anyio.to_thread.run_sync(ctx.fs.roll_back)
             return self._done(req, ExtractResult(status="failed", reason=outcome.error
-                                                 or outcome.status, files=outcome.files_written))
+                                                 or outcome.status))
         topics = sorted({t for f in outcome.files_written if (t := scope.touched_topic(f))})
         result = ExtractResult(status="completed" if outcome.files_written else "noop",
                                files=outcome.files_written, topics=topics)

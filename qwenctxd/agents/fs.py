@@ -19,9 +19,10 @@ import os
 from abc import ABC, abstractmethod
 from pathlib import Path
 
+import structlog
 from wcmatch import glob as wglob
 
-from qwenctxd.agents.audit import AuditLog
+from qwenctxd.agents.audit import AuditEntry, AuditLog
 from qwenctxd.agents.containment import is_within, real_location
 from qwenctxd.agents.overlay import OverlayFS
 from qwenctxd.agents.permissions import MemoryWriteScope
@@ -32,6 +33,7 @@ __all__ = ["GLOB_FLAGS", "MAX_GLOB_RESULTS", "SKIP_DIRS", "AgentFS", "OverlayTre
 
 MAX_GLOB_RESULTS = 500
 SKIP_DIRS = {".git", "node_modules", "__pycache__", ".venv", ".mypy_cache"}
+log = structlog.get_logger("qwenctxd.agents")
 GLOB_FLAGS = wglob.GLOBSTAR | wglob.BRACE | wglob.DOTGLOB
 
 
@@ -70,6 +72,10 @@ class AgentFS(ABC):
 
     def unseen_by_shell(self) -> list[Path]:
         """Changes a shell command in the real ``cwd`` cannot see (none in the real tree)."""
+        return []
+
+    def roll_back(self) -> list[str]:
+        """Undo this run's writes (a failed run leaves nothing); the paths put back."""
         return []
 
     # -- derived ----------------------------------------------------------------------------------
@@ -123,6 +129,7 @@ class RealTreeFS(AgentFS):
                  session: str | None = None) -> None:
         self.cwd, self.scope, self.audit = Path(cwd), scope, audit
         self.agent, self.session = agent, session
+        self._changes: list[AuditEntry] = []  # this run's audited writes and deletes, in order
 
     def locate(self, path: Path) -> Path:
         return path
@@ -143,6 +150,7 @@ class RealTreeFS(AgentFS):
     def write_text(self, path: Path, text: str) -> bool:
         entry = self.audit.write_file(_through_leaf_link(path), text, agent=self.agent,
                                       session=self.session)
+        self._changes.append(entry)
         return entry.action == "create"
 
     def delete(self, path: Path) -> None:
@@ -150,8 +158,25 @@ class RealTreeFS(AgentFS):
         if refusal is not None:
             raise PermissionError(refusal.removeprefix("Error: "))
         target = _through_leaf_link(path)
-        if self.audit.delete_file(target, agent=self.agent, session=self.session) is None:
+        entry = self.audit.delete_file(target, agent=self.agent, session=self.session)
+        if entry is None:
             raise _missing(path)
+        self._changes.append(entry)
+
+    def roll_back(self) -> list[str]:
+        """Undo this run's changes newest first, through the audit log (so the log shows both);
+        a file someone else changed since, or a change the log does not hold (the dream's
+        in-memory plan), is left as it is."""
+        restored: list[str] = []
+        while self._changes:
+            entry = self._changes.pop()
+            try:
+                self.audit.undo(entry.id, agent=self.agent)
+            except (KeyError, ValueError, OSError) as exc:
+                log.warning("roll back skipped a change", path=entry.path, reason=str(exc))
+                continue
+            restored.append(entry.path)
+        return list(dict.fromkeys(restored))
 
 
 class OverlayTreeFS(AgentFS):

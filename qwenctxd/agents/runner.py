@@ -44,7 +44,8 @@ class AgentSpec:
         return self.feature or _FEATURE_OF.get(self.name, "other")
 
 
-_FEATURE_OF = {"memory-extractor": "extract", "dream": "dream", "skill-reviewer": "skill_review"}
+_FEATURE_OF = {"memory-extractor": "extract", "memory-dreamer": "dream", "dream": "dream",
+               "skill-reviewer": "skill_review"}
 
 
 @dataclass

@@ -32,6 +32,7 @@ Every write — staged or not — goes through the audit log (``qwenctl memory l
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -320,15 +321,22 @@ class SkillReviewer:
                 raise
             return await anyio.to_thread.run_sync(
                 self._finish, root, base, draft_id if confirm else None, session_id, scope,
-                outcome)
+                outcome, ctx)
         finally:
             self._running.discard(key)
 
     def _finish(self, root: Path, base: Path, draft_id: str | None, session_id: str | None,
-                scope: _SingleSkillScope, outcome: AgentOutcome) -> ReviewResult:
+                scope: _SingleSkillScope, outcome: AgentOutcome, ctx: ToolContext
+                ) -> ReviewResult:
         key = str(root)
         files = outcome.files_written
         ok = outcome.status in ("completed", "budget_exhausted")
+        if draft_id is None and not ok:  # a failed run leaves the project's skills as found
+            ctx.fs.roll_back()
+            files = []
+            if scope.skill:
+                with contextlib.suppress(OSError):  # the folder it made, unless it holds more
+                    (base / scope.skill).rmdir()
         if draft_id is None:  # written straight into the project
             result = ReviewResult(status=("completed" if files else "noop") if ok else "failed",
                                   reason=None if ok else (outcome.error or outcome.status),

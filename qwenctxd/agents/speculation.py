@@ -59,6 +59,7 @@ __all__ = [
     "AcceptResult",
     "Speculation",
     "SpeculationManager",
+    "SpeculationRun",
 ]
 
 log = structlog.get_logger("qwenctxd.speculation")
@@ -86,6 +87,17 @@ class AcceptResult:
     complete: bool  # the last message is a final assistant answer (no open tool calls)
     outcome: str | None
     conflicts: list[str] = field(default_factory=list)  # changed in the project meanwhile
+
+
+@dataclass(frozen=True, slots=True)
+class SpeculationRun:
+    """What a speculation job hands the task registry: ``status`` ``"failed"`` when the model
+    failed or the deadline passed (counted as a failed run in ``daemon.status``, ``reason`` the
+    cause), else the run's outcome; ``speculation`` is its final :meth:`Speculation.status`."""
+
+    status: str
+    reason: str | None
+    speculation: dict[str, Any]
 
 
 class Speculation:
@@ -363,9 +375,13 @@ class SpeculationManager:
                                 data={"field": "speculation_id", "message": "unknown"})
         return spec
 
-    async def run(self, speculation_id: str) -> dict[str, Any]:
+    async def run(self, speculation_id: str) -> SpeculationRun:
         """The background job for ``speculation_id`` (schedule it in the task registry)."""
-        return await self.get(speculation_id).run()
+        spec = self.get(speculation_id)
+        final = await spec.run()
+        if spec.outcome in ("failed", "timed_out"):
+            return SpeculationRun("failed", spec.error or "timeout", final)
+        return SpeculationRun(spec.outcome or "completed", None, final)
 
     def status(self, speculation_id: str) -> dict[str, Any]:
         return self.get(speculation_id).status()
