@@ -33,7 +33,7 @@ from qwenctxd.protocol import errors
 from qwenctxd.protocol import session as wire
 from qwenctxd.sessions import records, titles
 from qwenctxd.sessions.index import SessionIndex
-from qwenctxd.sessions.state import Session
+from qwenctxd.sessions.state import History, Session
 from qwenctxd.skills.listing import SKILL_NAME, SKILL_TOOL
 from qwenctxd.skills.service import SkillsService
 from qwenctxd.tasks import TaskRegistry
@@ -106,8 +106,8 @@ class SessionManager:
         if p.session_id and p.session_id in self.sessions:
             s = self.sessions[p.session_id]  # another client continues the same session
             self._opened_at[s.id] = time.time()
-            tokens = s.prompt_tokens or s.estimate(0)[0]
-            return wire.OpenResult(session_id=s.id, resumed=True, messages=len(s.messages),
+            tokens = s.usage.prompt_tokens or s.estimate(0)[0]
+            return wire.OpenResult(session_id=s.id, resumed=True, messages=len(s.history.messages),
                                    prompt_tokens=tokens, window_tokens=s.window_tokens,
                                    path=str(s.path))
         if p.session_id is not None:
@@ -145,8 +145,8 @@ class SessionManager:
             # fsync happens in a background job (at most once a second), never on the turn path;
             # close() still fsyncs
             writer=records.JsonlWriter(path, fsync="interval", fsync_interval=float("inf")),
-            image_tokens=int(self._environ.get("QWEN_IMAGE_TOKEN_ESTIMATE", 0))
-            or settings.model.chat_compression.image_token_estimate,
+            history=History(image_tokens=int(self._environ.get("QWEN_IMAGE_TOKEN_ESTIMATE", 0))
+                            or settings.model.chat_compression.image_token_estimate),
         )
         s.agent = agent
         s.keep_reasoning = keep
@@ -168,7 +168,7 @@ class SessionManager:
                 from qwenctxd.sessions.state import Anchor
 
                 u = state.last_usage
-                s.anchor = Anchor(total=int(u.get("prompt_tokens", 0))
+                s.usage.anchor = Anchor(total=int(u.get("prompt_tokens", 0))
                                   + int(u.get("completion_tokens", 0)),
                                   index=state.anchor_index, system_tokens=0)
             torn = [t.line_no for t in state.torn]
@@ -181,15 +181,15 @@ class SessionManager:
         from qwenctxd.sessions.state import system_tokens
 
         sys_tok = system_tokens(sp.text, s.tools)
-        if s.anchor is not None and s.anchor.system_tokens == 0:
-            s.anchor.system_tokens = sys_tok
+        if s.usage.anchor is not None and s.usage.anchor.system_tokens == 0:
+            s.usage.anchor.system_tokens = sys_tok
         tokens, _ = s.estimate(sys_tok)
-        s.prompt_tokens = tokens
+        s.usage.prompt_tokens = tokens
         if not resumed:
             await self._index_upsert(s)
-        log.info("session opened", session=session_id, resumed=resumed, messages=len(s.messages),
+        log.info("session opened", session=session_id, resumed=resumed, messages=len(s.history.messages),
                  torn=len(torn))
-        return wire.OpenResult(session_id=session_id, resumed=resumed, messages=len(s.messages),
+        return wire.OpenResult(session_id=session_id, resumed=resumed, messages=len(s.history.messages),
                                prompt_tokens=tokens, window_tokens=window, path=str(path),
                                torn_lines=torn, warnings=warnings)
 
@@ -208,7 +208,7 @@ class SessionManager:
     async def _index_upsert(self, s: Session) -> None:
         summary = records.SessionSummary(
             session_id=s.id, path=str(s.path), cwd=str(s.cwd), started_at=iso(s.started_at),
-            updated_at=iso(s.updated_at), messages=len(s.messages), title=s.title,
+            updated_at=iso(s.updated_at), messages=len(s.history.messages), title=s.title,
             size=_size(s.path), mtime_ns=_mtime(s.path))
         await self.index.upsert(summary, project=str(s.cwd))
 
@@ -217,7 +217,7 @@ class SessionManager:
             return
 
         async def touch() -> None:
-            await self.index.touch(s.id, updated_at=iso(s.updated_at), messages=len(s.messages),
+            await self.index.touch(s.id, updated_at=iso(s.updated_at), messages=len(s.history.messages),
                                    size=_size(s.path), mtime_ns=_mtime(s.path), title=s.title)
 
         self.tasks.submit("index", touch, key=f"index:{s.id}", project=str(s.cwd))
@@ -238,12 +238,12 @@ class SessionManager:
 
     async def recap(self, session_id: str) -> wire.RecapResult:
         s = self.get(session_id)
-        r = await recap_mod.recap(self.model, list(s.messages))
+        r = await recap_mod.recap(self.model, list(s.history.messages))
         return wire.RecapResult(text=r.text, status=r.status, reason=r.reason)
 
     async def project_summary(self, session_id: str) -> wire.ProjectSummaryResult:
         s = self.get(session_id)
-        text = await recap_mod.project_summary(self.model, list(s.messages))
+        text = await recap_mod.project_summary(self.model, list(s.history.messages))
         target = (s.project_root or s.cwd) / ".qwen" / PROJECT_SUMMARY_NAME
         from qwenctxd.fsutil import atomic_write
 
@@ -371,8 +371,8 @@ class SessionManager:
         for s in self.sessions.values():
             th = compute_thresholds(s.window_tokens, s.pct)
             out.append({"session_id": s.id, "cwd": str(s.cwd), "model": s.model,
-                        "messages": len(s.messages), "prompt_tokens": s.prompt_tokens,
-                        "window_tokens": s.window_tokens, "level": level(s.prompt_tokens, th)})
+                        "messages": len(s.history.messages), "prompt_tokens": s.usage.prompt_tokens,
+                        "window_tokens": s.window_tokens, "level": level(s.usage.prompt_tokens, th)})
         return out
 
     def record(self, s: Session, msg: dict[str, Any], *, usage: dict[str, int] | None = None,

@@ -57,7 +57,7 @@ class TurnPipeline:
         async with s.lock:
             events: list[dict[str, Any]] = []
             reminders: list[wire.Reminder] = []
-            first_turn = not s.messages and p.kind == "user"
+            first_turn = not s.history.messages and p.kind == "user"
             new_msgs = self._incoming(s, p, events)
             if p.kind == "user" and s.title is None and p.text:
                 title = auto_title(p.text)
@@ -93,7 +93,7 @@ class TurnPipeline:
 
     def _incoming(self, s: Session, p: wire.TurnParams, events: list[dict[str, Any]]
                   ) -> list[dict[str, Any]]:
-        pending = s.pending_tool_calls()
+        pending = s.history.pending_tool_calls()
         out: list[dict[str, Any]] = []
         if p.kind == "tool_results":
             results = []
@@ -153,14 +153,14 @@ class TurnPipeline:
             content: Any = ([{"type": "text", "text": p.text}] if p.text else []) + list(p.images)
         else:
             content = p.text
-        last = s.messages[-1] if s.messages else None
+        last = s.history.messages[-1] if s.history.messages else None
         if not pending and last is not None and last.get("role") == "user":
             # the last user turn went unanswered (a failed model call, the user typed again):
             # this turn joins it, so two user messages never follow each other (C1)
             s.pop_last()
             self.m.record(s, {}, subtype=records.SUBTYPE_REWIND, payload={
                 "reason": "user_turn_merged", "removedMessages": 1,
-                "compressedHistory": s.messages})
+                "compressedHistory": s.history.messages})
             events.append({"type": "user_turn_merged"})
             out.append({"role": "user", "content": join_content(last.get("content"), content)})
         else:
@@ -281,7 +281,7 @@ class TurnPipeline:
 
     async def _maybe_micro(self, s: Session, events: list[dict[str, Any]], sys_tok: int) -> None:
         idle = self._settings(s).context.clear_context_on_idle
-        tool_chars = s.tool_chars
+        tool_chars = s.history.tool_chars
         trigger = micro.should_micro_compact(
             now=time.time(), last_model_reply_at=s.last_model_reply_at,
             idle_minutes=idle.tool_results_threshold_minutes, tool_chars=tool_chars,
@@ -291,9 +291,9 @@ class TurnPipeline:
 
     def _micro(self, s: Session, events: list[dict[str, Any]], *, trigger: str, keep: int,
                strip_reasoning: bool = False) -> int:
-        r = micro.micro_compact(s.messages, keep=keep, trigger=trigger,  # type: ignore[arg-type]
-                                strip_reasoning=strip_reasoning, image_tokens=s.image_tokens)
-        if r.messages is s.messages:
+        r = micro.micro_compact(s.history.messages, keep=keep, trigger=trigger,  # type: ignore[arg-type]
+                                strip_reasoning=strip_reasoning, image_tokens=s.history.image_tokens)
+        if r.messages is s.history.messages:
             return 0
         s.replace_history(r.messages, keep_anchor_delta=r.tokens_saved)
         self.m.record(s, {}, subtype="micro_compaction", payload={
@@ -363,9 +363,9 @@ class TurnPipeline:
                 transcript_path=str(s.path))
 
         result = await post_compact.compress(
-            self.m.model, s.messages, trigger=trigger, focus=focus,
+            self.m.model, s.history.messages, trigger=trigger, focus=focus,
             workspace_root=s.project_root or s.cwd, tokens_before=history_before,
-            estimate_history=lambda h: history_tokens(h, image_tokens=s.image_tokens),
+            estimate_history=lambda h: history_tokens(h, image_tokens=s.history.image_tokens),
             pre_hook=pre_hook if hook_cfg.get("PreCompact") else None,
             post_hook=post_hook if hook_cfg.get("PostCompact") else None,
             file_tools=s.tool_roles.file_tools() if s.tool_roles is not None else None,
@@ -402,8 +402,8 @@ class TurnPipeline:
                   reminders: list[wire.Reminder], events: list[dict[str, Any]],
                   known: wire.KnownHistory | None = None) -> wire.AssembledPrompt:
         tokens, anchored = s.estimate(sys_tok)
-        s.prompt_tokens = tokens
-        s.last_system_tokens = sys_tok
+        s.usage.prompt_tokens = tokens
+        s.usage.last_system_tokens = sys_tok
         th = compute_thresholds(s.window_tokens, s.pct)
         lvl = level(tokens, th)
         usage = wire.Usage(prompt_tokens=tokens, window_tokens=s.window_tokens,
@@ -424,29 +424,29 @@ class TurnPipeline:
             self._prefix[key] = phash
         self.m.schedule_index_touch(s)
         start = self._messages_from(s, known)
-        if s.ext_count or (s.reasoning_count and s.keep_reasoning != "all"):
-            messages = wire_messages(s.messages, s.keep_reasoning, start=start,
-                                     cut=s.last_user if s.last_user > 0 else 0)
+        if s.history.ext_count or (s.history.reasoning_count and s.keep_reasoning != "all"):
+            messages = wire_messages(s.history.messages, s.keep_reasoning, start=start,
+                                     cut=s.history.last_user if s.history.last_user > 0 else 0)
         else:
-            messages = s.messages[start:]
+            messages = s.history.messages[start:]
         return wire.AssembledPrompt(system=system, messages=messages,
                                     tools=s.tools, reminders=reminders, usage=usage,
                                     events=events, prefix_hash=phash, session_id=s.id,
-                                    epoch=s.epoch, messages_from=start)
+                                    epoch=s.history.epoch, messages_from=start)
 
     @staticmethod
     def _messages_from(s: Session, known: wire.KnownHistory | None) -> int:
         """Where this reply's messages start: the client's ``known.count`` when its copy is of
         the current epoch, else 0. Reasoning dropped from a finished turn ("current_turn")
         changes messages the client holds, so it starts a new epoch first."""
-        cut = s.last_user if s.last_user > 0 else 0
-        if cut > s.wire_cut:
-            if (s.reasoning_count and s.keep_reasoning == "current_turn"
+        cut = s.history.last_user if s.history.last_user > 0 else 0
+        if cut > s.history.wire_cut:
+            if (s.history.reasoning_count and s.keep_reasoning == "current_turn"
                     and any(m.get("role") == "assistant" and any(k in m for k in REASONING_KEYS)
-                            for m in s.messages[s.wire_cut:cut])):
-                s.rewrote()
-            s.wire_cut = cut
-        if known is None or known.epoch != s.epoch or known.count > len(s.messages):
+                            for m in s.history.messages[s.history.wire_cut:cut])):
+                s.history.rewrote()
+            s.history.wire_cut = cut
+        if known is None or known.epoch != s.history.epoch or known.count > len(s.history.messages):
             return 0
         return known.count
 
@@ -458,7 +458,7 @@ class TurnPipeline:
             if msg.get("role") != "assistant":
                 raise errors.InvalidParams("message.role must be \"assistant\"",
                                            data={"field": "message.role", "message": "not assistant"})
-            if s.messages and s.messages[-1].get("role") == "assistant":
+            if s.history.messages and s.history.messages[-1].get("role") == "assistant":
                 raise errors.InvalidParams(
                     "a model reply must follow a turn (the last message is already a reply)",
                     data={"field": "message", "message": "reply without a turn"})
@@ -483,7 +483,7 @@ class TurnPipeline:
             if p.usage is not None:
                 usage = {"prompt_tokens": p.usage.prompt_tokens,
                          "completion_tokens": p.usage.completion_tokens}
-                sys_tok = s.last_system_tokens
+                sys_tok = s.usage.last_system_tokens
                 if sys_tok is None:
                     sp = await self.m.system_prompt(s)
                     sys_tok = system_tokens(sp.text, s.tools)
@@ -551,12 +551,12 @@ class TurnPipeline:
     @staticmethod
     def _answered_tail(s: Session) -> bool:
         """True when the last reply's calls are all answered and the daemon answered some."""
-        i = len(s.messages)
+        i = len(s.history.messages)
         own = False
-        while i and s.messages[i - 1].get("role") == "tool":
-            own = own or s.messages[i - 1].get("tool_call_id") in s.daemon_answered
+        while i and s.history.messages[i - 1].get("role") == "tool":
+            own = own or s.history.messages[i - 1].get("tool_call_id") in s.daemon_answered
             i -= 1
-        return own and i > 0 and s.messages[i - 1].get("role") == "assistant"
+        return own and i > 0 and s.history.messages[i - 1].get("role") == "assistant"
 
     # -- session.rewind ----------------------------------------------------------------------------
     async def rewind(self, p: wire.RewindParams) -> wire.RewindResult:
@@ -565,25 +565,25 @@ class TurnPipeline:
             if p.turns < 1:
                 raise errors.InvalidParams("turns must be at least 1",
                                            data={"field": "turns", "message": "below 1"})
-            starts = [i for i, m in enumerate(s.messages) if m.get("role") == "user"
-                      and (i == 0 or s.messages[i - 1].get("role") == "assistant")]
+            starts = [i for i, m in enumerate(s.history.messages) if m.get("role") == "user"
+                      and (i == 0 or s.history.messages[i - 1].get("role") == "assistant")]
             if p.turns > len(starts):
                 raise errors.InvalidParams(
                     f"turns {p.turns} is more than the {len(starts)} user turns in the history",
                     data={"field": "turns", "message": "more than the history",
                           "turns_available": len(starts)})
             cut = starts[-p.turns]
-            removed = len(s.messages) - cut
-            while len(s.messages) > cut:
+            removed = len(s.history.messages) - cut
+            while len(s.history.messages) > cut:
                 s.pop_last()
             s.user_turn_open = False
             s.daemon_answered.clear()
             self.m.record(s, {}, subtype=records.SUBTYPE_REWIND, payload={
                 "reason": "rewind", "turns": p.turns, "removedMessages": removed,
-                "compressedHistory": s.messages})
+                "compressedHistory": s.history.messages})
             self.m.schedule_index_touch(s)
             log.info("rewind", session=s.id, turns=p.turns, removed=removed)
-            return wire.RewindResult(removed_messages=removed, messages=len(s.messages))
+            return wire.RewindResult(removed_messages=removed, messages=len(s.history.messages))
 
 
 def wire_messages(messages: list[dict[str, Any]], keep_reasoning: str = "all", *,
