@@ -209,8 +209,8 @@ def context_report(s: Session, system: SystemPromptLike, tools: Sequence[dict[st
     if sum(parts.values()) != total:  # only the negative-anchored-share case lands here
         parts = scale_to(parts, total)
 
-    window = s.window_tokens
-    th = compute_thresholds(window, s.pct)
+    window = s.options.window_tokens
+    th = compute_thresholds(window, s.options.auto_compact_threshold)
     free = max(0, window - total)
     return ContextReport(
         session_id=s.id, window_tokens=window, prompt_tokens=total, anchored=anchored,

@@ -33,7 +33,7 @@ from qwenctxd.protocol import errors
 from qwenctxd.protocol import session as wire
 from qwenctxd.sessions import records, titles
 from qwenctxd.sessions.index import SessionIndex
-from qwenctxd.sessions.state import History, Session
+from qwenctxd.sessions.state import History, Session, SessionOptions
 from qwenctxd.skills.listing import SKILL_NAME, SKILL_TOOL
 from qwenctxd.skills.service import SkillsService
 from qwenctxd.tasks import TaskRegistry
@@ -108,7 +108,7 @@ class SessionManager:
             self._opened_at[s.id] = time.time()
             tokens = s.usage.prompt_tokens or s.estimate(0)[0]
             return wire.OpenResult(session_id=s.id, resumed=True, messages=len(s.history.messages),
-                                   prompt_tokens=tokens, window_tokens=s.window_tokens,
+                                   prompt_tokens=tokens, window_tokens=s.options.window_tokens,
                                    path=str(s.path))
         if p.session_id is not None:
             checked_id(p.session_id)
@@ -139,19 +139,20 @@ class SessionManager:
                  else _agent(saved.get("agent")))
         keep = p.keep_reasoning or saved.get("keepReasoning")
         keep = keep if keep in KEEP_REASONING else "current_turn"
+        tools = with_skill_tool(client_tools)
+        opts = SessionOptions(
+            window_tokens=window, auto_compact_threshold=pct, tools=tools,
+            tool_roles=tool_roles.classify(tools), agent=agent, keep_reasoning=keep,
+            own_skill=not any(tool_roles.tool_name(t) == SKILL_NAME for t in client_tools))
         s = Session(
-            id=session_id, cwd=cwd, project_root=root, model=p.model, window_tokens=window,
-            pct=pct, tools=with_skill_tool(client_tools), env=env, path=path,
+            id=session_id, cwd=cwd, project_root=root, model=p.model, options=opts, env=env,
+            path=path,
             # fsync happens in a background job (at most once a second), never on the turn path;
             # close() still fsyncs
             writer=records.JsonlWriter(path, fsync="interval", fsync_interval=float("inf")),
             history=History(image_tokens=int(self._environ.get("QWEN_IMAGE_TOKEN_ESTIMATE", 0))
                             or settings.model.chat_compression.image_token_estimate),
         )
-        s.agent = agent
-        s.keep_reasoning = keep
-        s.tool_roles = tool_roles.classify(s.tools)
-        s.own_skill = not any(tool_roles.tool_name(t) == SKILL_NAME for t in client_tools)
         options = {"windowTokens": window, "tools": client_tools, "agent": agent,
                    "keepReasoning": keep, "autoCompactThreshold": pct}
         if options != saved:
@@ -180,7 +181,7 @@ class SessionManager:
         sp = await self.system_prompt(s)
         from qwenctxd.sessions.state import system_tokens
 
-        sys_tok = system_tokens(sp.text, s.tools)
+        sys_tok = system_tokens(sp.text, s.options.tools)
         if s.usage.anchor is not None and s.usage.anchor.system_tokens == 0:
             s.usage.anchor.system_tokens = sys_tok
         tokens, _ = s.estimate(sys_tok)
@@ -197,8 +198,8 @@ class SessionManager:
         """The system prompt of ``s``: its model, env, declared tools, agent identity and the
         git snapshot taken when it opened."""
         return await self.instructions.system_prompt(
-            s.cwd, model=s.model, env=s.env, tool_roles=s.tool_roles,
-            agent=(s.agent or {}).get("name"), git_snapshot=s.git_snapshot)
+            s.cwd, model=s.model, env=s.env, tool_roles=s.options.tool_roles,
+            agent=(s.options.agent or {}).get("name"), git_snapshot=s.git_snapshot)
 
     async def _find_file(self, session_id: str, cwd: Path) -> Path | None:
         row = await self.index.get(session_id)
@@ -369,10 +370,10 @@ class SessionManager:
 
         out = []
         for s in self.sessions.values():
-            th = compute_thresholds(s.window_tokens, s.pct)
+            th = compute_thresholds(s.options.window_tokens, s.options.auto_compact_threshold)
             out.append({"session_id": s.id, "cwd": str(s.cwd), "model": s.model,
                         "messages": len(s.history.messages), "prompt_tokens": s.usage.prompt_tokens,
-                        "window_tokens": s.window_tokens, "level": level(s.usage.prompt_tokens, th)})
+                        "window_tokens": s.options.window_tokens, "level": level(s.usage.prompt_tokens, th)})
         return out
 
     def record(self, s: Session, msg: dict[str, Any], *, usage: dict[str, int] | None = None,
@@ -386,7 +387,7 @@ class SessionManager:
             type=rtype if payload is None else "system", subtype=subtype, cwd=str(s.cwd),
             version=__version__, message=msg if payload is None else None, usage=usage,
             model=s.model if rtype == "assistant" else None, systemPayload=payload,
-            contextWindowSize=s.window_tokens if payload is not None else None,
+            contextWindowSize=s.options.window_tokens if payload is not None else None,
         )
         try:
             s.writer.append(rec)

@@ -180,14 +180,28 @@ class UsageAnchor:
 
 
 @dataclass
+class SessionOptions:
+    """What the client chose at open, recorded as an ``options`` record and restored on resume:
+    the context window, the auto-compact threshold (percent of the window), the declared tools
+    (with the daemon's ``skill`` tool) and what they are for (C5, file detection), the client's
+    identity and reasoning policy (C4), and whether ``skill`` is the daemon's own tool."""
+
+    window_tokens: int
+    auto_compact_threshold: float
+    tools: list[dict[str, Any]]
+    tool_roles: Any = None
+    agent: dict[str, Any] | None = None
+    keep_reasoning: str = "current_turn"
+    own_skill: bool = True
+
+
+@dataclass
 class Session:
     id: str
     cwd: Path
     project_root: Path | None
     model: str
-    window_tokens: int
-    pct: float
-    tools: list[dict[str, Any]]
+    options: SessionOptions
     env: dict[str, str]
     path: Path
     writer: JsonlWriter
@@ -220,13 +234,7 @@ class Session:
     prefetch: Any = None
     prefetch_delivered: bool = True
     surfaced: set[str] = field(default_factory=set)
-    # the agent-loop contract: the client's identity, reasoning policy (C4), what its tools
-    # are for (C5, file detection), whether ``skill`` is the daemon's own tool, the calls the
-    # daemon answered itself
-    agent: dict[str, Any] | None = None
-    keep_reasoning: str = "current_turn"
-    tool_roles: Any = None
-    own_skill: bool = True
+    # the calls the daemon answered itself (its skill tool)
     daemon_answered: set[str] = field(default_factory=set)
 
     # -- changes that touch several parts ------------------------------------------------------

@@ -85,7 +85,7 @@ class TurnPipeline:
                 s.append(msg)
                 self.m.record(s, msg)
             sp = await self.m.system_prompt(s)
-            sys_tok = system_tokens(sp.text, s.tools)
+            sys_tok = system_tokens(sp.text, s.options.tools)
             await self._maybe_micro(s, events, sys_tok)
             await self._maybe_compress(s, events, sys_tok)
             return self._assemble(s, sp.text, sp.prefix_hash, sys_tok, reminders, events,
@@ -308,7 +308,7 @@ class TurnPipeline:
     async def _maybe_compress(self, s: Session, events: list[dict[str, Any]], sys_tok: int) -> None:
         cfg = self._settings(s).model.chat_compression
         tokens, _ = s.estimate(sys_tok)
-        th = compute_thresholds(s.window_tokens, s.pct)
+        th = compute_thresholds(s.options.window_tokens, s.options.auto_compact_threshold)
         lvl = level(tokens, th)
         reason: str | None = None
         forced = False
@@ -368,7 +368,7 @@ class TurnPipeline:
             estimate_history=lambda h: history_tokens(h, image_tokens=s.history.image_tokens),
             pre_hook=pre_hook if hook_cfg.get("PreCompact") else None,
             post_hook=post_hook if hook_cfg.get("PostCompact") else None,
-            file_tools=s.tool_roles.file_tools() if s.tool_roles is not None else None,
+            file_tools=s.options.tool_roles.file_tools() if s.options.tool_roles is not None else None,
             touched_paths=list(s.touched),
             max_files=settings.model.chat_compression.max_recent_files_to_retain,
             max_images=settings.model.chat_compression.max_recent_images_to_retain,
@@ -404,33 +404,33 @@ class TurnPipeline:
         tokens, anchored = s.estimate(sys_tok)
         s.usage.prompt_tokens = tokens
         s.usage.last_system_tokens = sys_tok
-        th = compute_thresholds(s.window_tokens, s.pct)
+        th = compute_thresholds(s.options.window_tokens, s.options.auto_compact_threshold)
         lvl = level(tokens, th)
-        usage = wire.Usage(prompt_tokens=tokens, window_tokens=s.window_tokens,
+        usage = wire.Usage(prompt_tokens=tokens, window_tokens=s.options.window_tokens,
                            thresholds=wire.Thresholds(warn=th.warn, auto=th.auto, hard=th.hard),
-                           level=lvl, context_left_pct=context_left_pct(tokens, s.window_tokens),
+                           level=lvl, context_left_pct=context_left_pct(tokens, s.options.window_tokens),
                            anchored=anchored)
         if lvl != "ok":
             events.append({"type": "usage", "level": lvl, "prompt_tokens": tokens})
             self.m.bus.publish("session/usage", {"session_id": s.id, "prompt_tokens": tokens,
-                                                 "window_tokens": s.window_tokens, "level": lvl})
+                                                 "window_tokens": s.options.window_tokens, "level": lvl})
         s.last_level = lvl
-        key = (sys_hash, id(s.tools))
+        key = (sys_hash, id(s.options.tools))
         phash = self._prefix.get(key)
         if phash is None:
-            phash = prefix_hash(system, s.tools)
+            phash = prefix_hash(system, s.options.tools)
             if len(self._prefix) > 1024:
                 self._prefix.clear()
             self._prefix[key] = phash
         self.m.schedule_index_touch(s)
         start = self._messages_from(s, known)
-        if s.history.ext_count or (s.history.reasoning_count and s.keep_reasoning != "all"):
-            messages = wire_messages(s.history.messages, s.keep_reasoning, start=start,
+        if s.history.ext_count or (s.history.reasoning_count and s.options.keep_reasoning != "all"):
+            messages = wire_messages(s.history.messages, s.options.keep_reasoning, start=start,
                                      cut=s.history.last_user if s.history.last_user > 0 else 0)
         else:
             messages = s.history.messages[start:]
         return wire.AssembledPrompt(system=system, messages=messages,
-                                    tools=s.tools, reminders=reminders, usage=usage,
+                                    tools=s.options.tools, reminders=reminders, usage=usage,
                                     events=events, prefix_hash=phash, session_id=s.id,
                                     epoch=s.history.epoch, messages_from=start)
 
@@ -441,7 +441,7 @@ class TurnPipeline:
         changes messages the client holds, so it starts a new epoch first."""
         cut = s.history.last_user if s.history.last_user > 0 else 0
         if cut > s.history.wire_cut:
-            if (s.history.reasoning_count and s.keep_reasoning == "current_turn"
+            if (s.history.reasoning_count and s.options.keep_reasoning == "current_turn"
                     and any(m.get("role") == "assistant" and any(k in m for k in REASONING_KEYS)
                             for m in s.history.messages[s.history.wire_cut:cut])):
                 s.history.rewrote()
@@ -486,7 +486,7 @@ class TurnPipeline:
                 sys_tok = s.usage.last_system_tokens
                 if sys_tok is None:
                     sp = await self.m.system_prompt(s)
-                    sys_tok = system_tokens(sp.text, s.tools)
+                    sys_tok = system_tokens(sp.text, s.options.tools)
                 s.set_anchor(p.usage.prompt_tokens, p.usage.completion_tokens, sys_tok)
             self.m.record(s, msg, usage=usage)
             answered = await self._answer_own_calls(s, calls)
@@ -503,7 +503,7 @@ class TurnPipeline:
     async def _answer_own_calls(self, s: Session, calls: list[dict[str, Any]]
                                 ) -> list[wire.AnsweredCall]:
         """Answer the reply's calls to the daemon's own ``skill`` tool (as ``skills.load``)."""
-        if not s.own_skill:
+        if not s.options.own_skill:
             return []
         out: list[wire.AnsweredCall] = []
         for c in calls:

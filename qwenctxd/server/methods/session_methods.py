@@ -33,7 +33,7 @@ def register(daemon: Daemon) -> None:
             sp = await manager.system_prompt(s)
             from qwenctxd.sessions.state import system_tokens
 
-            sys_tok = system_tokens(sp.text, s.tools)
+            sys_tok = system_tokens(sp.text, s.options.tools)
             if p.mode == "fast":
                 before, _ = s.estimate(sys_tok)
                 events: list[dict[str, object]] = []
@@ -69,7 +69,7 @@ def register(daemon: Daemon) -> None:
         s = manager.get(p.session_id)
         async with s.lock:
             sp = await manager.system_prompt(s)
-            r = context_report(s, sp, s.tools)
+            r = context_report(s, sp, s.options.tools)
         return wire.ContextResult(
             session_id=r.session_id, window_tokens=r.window_tokens,
             prompt_tokens=r.prompt_tokens, anchored=r.anchored,
