@@ -196,6 +196,18 @@ class SessionOptions:
 
 
 @dataclass
+class CompactionState:
+    """What the compaction triggers remember between turns: the breaker over failed summaries
+    (an open breaker skips auto compaction; hard overflow still forces it), the tool-result
+    images since the last summary (the image-overflow trigger) and the usage level of the last
+    assembled prompt."""
+
+    breaker: Breaker = field(default_factory=Breaker)
+    tool_images: int = 0
+    last_level: str = "ok"
+
+
+@dataclass
 class Session:
     id: str
     cwd: Path
@@ -208,16 +220,14 @@ class Session:
     history: History = field(default_factory=History)
     usage: UsageAnchor = field(default_factory=UsageAnchor)
     git_snapshot: str | None = None  # the git section taken when the session (re)opened
-    breaker: Breaker = field(default_factory=Breaker)
+    compaction: CompactionState = field(default_factory=CompactionState)
     lock: anyio.Lock = field(default_factory=anyio.Lock)
     started_at: float = field(default_factory=time.time)
     updated_at: float = field(default_factory=time.time)
     last_model_reply_at: float | None = None
     user_turn_open: bool = False
-    tool_images: int = 0
     tool_calls_seen: int = 0
     delivered_rules: set[str] = field(default_factory=set)
-    last_level: str = "ok"
     memory_written_this_turn: bool = False
     title: str | None = None
     last_flush: float = 0.0

@@ -132,7 +132,7 @@ class TurnPipeline:
                 if r.is_error:
                     msg["is_error"] = True
                 if isinstance(r.content, list):
-                    s.tool_images += sum(1 for part in r.content
+                    s.compaction.tool_images += sum(1 for part in r.content
                                          if part.get("type") == "image_url")
                 out.append(msg)
             s.tool_calls_seen += len(results)
@@ -312,7 +312,7 @@ class TurnPipeline:
         lvl = level(tokens, th)
         reason: str | None = None
         forced = False
-        if cfg.enable_screenshot_trigger and s.tool_images >= cfg.screenshot_trigger_threshold:
+        if cfg.enable_screenshot_trigger and s.compaction.tool_images >= cfg.screenshot_trigger_threshold:
             reason = "image_overflow"
         if lvl == "hard":
             reason, forced = "hard", True
@@ -320,7 +320,7 @@ class TurnPipeline:
             reason = "auto"
         if reason is None:
             return
-        if not forced and not s.breaker.allow(False):
+        if not forced and not s.compaction.breaker.allow(False):
             events.append({"type": "compression_skipped", "reason": "breaker_open",
                            "level": lvl, "tokens": tokens})
             return
@@ -328,7 +328,7 @@ class TurnPipeline:
                                      reason=reason, forced=forced)
         events.extend(result.events)
         if reason == "image_overflow" and result.status == "compressed":
-            s.tool_images = 0
+            s.compaction.tool_images = 0
         if forced and result.status != "compressed":
             # the window is about to overflow and no summary came: shed tool output instead
             keep = self._settings(s).context.clear_context_on_idle.tool_results_num_to_keep
@@ -376,7 +376,7 @@ class TurnPipeline:
         events: list[dict[str, Any]] = list(result.hook_events)
         if result.status == "compressed":
             s.replace_history(result.history)
-            s.breaker.record(True)
+            s.compaction.breaker.record(True)
             self.m.record(s, {}, subtype="chat_compression", payload={
                 "info": {"status": result.status, "trigger": trigger, "reason": reason,
                          "originalTokenCount": before_total,
@@ -388,7 +388,7 @@ class TurnPipeline:
             events.append(ev)
             self.m.bus.publish("session/compressed", {"session_id": s.id, **ev})
         else:
-            s.breaker.record(False)
+            s.compaction.breaker.record(False)
             after = before_total
             events.append({"type": "compression_failed", "status": result.status,
                            "trigger": trigger, "reason": reason, "cause": result.error})
@@ -414,7 +414,7 @@ class TurnPipeline:
             events.append({"type": "usage", "level": lvl, "prompt_tokens": tokens})
             self.m.bus.publish("session/usage", {"session_id": s.id, "prompt_tokens": tokens,
                                                  "window_tokens": s.options.window_tokens, "level": lvl})
-        s.last_level = lvl
+        s.compaction.last_level = lvl
         key = (sys_hash, id(s.options.tools))
         phash = self._prefix.get(key)
         if phash is None:
