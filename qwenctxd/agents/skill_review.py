@@ -260,7 +260,7 @@ class SkillReviewer:
         self._running.add(key)
         self._baseline[session.id] = int(getattr(session, "tool_calls_seen", 0) or 0)
         history = [dict(m) for m in session.history.messages]
-        used = sorted(getattr(session, "skills_used", ()) or ())
+        used = sorted(session.deliveries.skills_used)
         session_id, cwd = session.id, Path(session.cwd)
 
         async def job() -> ReviewResult:

@@ -313,8 +313,8 @@ class SessionManager:
 
     async def close(self, session_id: str) -> None:
         s = self.get(session_id)
-        if s.prefetch is not None:
-            self.tasks.cancel(s.prefetch)
+        if s.deliveries.prefetch is not None:
+            self.tasks.cancel(s.deliveries.prefetch)
         async with s.lock:
             s.writer.close()
             self.sessions.pop(session_id, None)

@@ -1,11 +1,20 @@
-"""One session's state: history, per-message token estimates, the API anchor, the recorder.
+"""One session's state, split by concern: :class:`Session` composes the parts.
+
+* :class:`SessionOptions` — what the client chose at open (window, auto-compact threshold,
+  tools and their roles, agent, keep_reasoning): recorded as an ``options`` record, restored
+  on resume.
+* :class:`History` — the messages, per-message token estimates and their running total, and
+  the epoch rules of incremental replies (appends keep the epoch, rewrites bump it).
+* :class:`UsageAnchor` — the API-anchored prompt-token figure.
+* :class:`CompactionState` — the breaker, the image-overflow count, the last usage level.
+* :class:`Deliveries` — touched paths and what rules, skills and memory have been delivered.
 
 Token accounting: the prompt count the client reports for a model reply (``record_model``
 usage) is authoritative for everything up to that reply; later messages, and any change in
 the system prompt since, are estimated with the one estimator. Without an anchor the whole
-prompt (system + tools + history) is estimated.
+prompt (system + tools + history) is estimated. Changes that touch several parts (append,
+pop, replace: the history moves and the anchor follows) go through :class:`Session`.
 """
-
 from __future__ import annotations
 
 import secrets
@@ -208,6 +217,27 @@ class CompactionState:
 
 
 @dataclass
+class Deliveries:
+    """What the reminders have delivered to the model in this session, and what they need to
+    pick the next one: the paths touched so far (file tracking: rules and conditional skills
+    re-match on them, compaction keeps their files), the conditional rules delivered; skills:
+    names already announced (None: the snapshot is still due), the conditional skills active,
+    the skill-set generation seen (a refresh resets activation), the skills loaded; memory: the
+    recall prefetch started by the last user turn, whether it was delivered, and the memory
+    files already surfaced (not offered again)."""
+
+    touched: dict[str, None] = field(default_factory=dict)
+    delivered_rules: set[str] = field(default_factory=set)
+    skills_delivered: set[str] | None = None
+    skills_activated: set[str] = field(default_factory=set)
+    skills_generation: int = 0
+    skills_used: set[str] = field(default_factory=set)
+    prefetch: Any = None
+    prefetch_delivered: bool = True
+    surfaced: set[str] = field(default_factory=set)
+
+
+@dataclass
 class Session:
     id: str
     cwd: Path
@@ -227,23 +257,10 @@ class Session:
     last_model_reply_at: float | None = None
     user_turn_open: bool = False
     tool_calls_seen: int = 0
-    delivered_rules: set[str] = field(default_factory=set)
     memory_written_this_turn: bool = False
     title: str | None = None
     last_flush: float = 0.0
-    # skills: names already announced to the model (None: the snapshot is still due), the
-    # conditional skills active in this session, the paths touched so far (to re-match after a
-    # refresh resets activation), the skill-set generation seen, and the skills loaded
-    skills_delivered: set[str] | None = None
-    skills_activated: set[str] = field(default_factory=set)
-    touched: dict[str, None] = field(default_factory=dict)
-    skills_generation: int = 0
-    skills_used: set[str] = field(default_factory=set)
-    # memory prefetch: the recall started by the last user turn, whether it was delivered, and
-    # the memory files already surfaced in this session (not offered again)
-    prefetch: Any = None
-    prefetch_delivered: bool = True
-    surfaced: set[str] = field(default_factory=set)
+    deliveries: Deliveries = field(default_factory=Deliveries)
     # the calls the daemon answered itself (its skill tool)
     daemon_answered: set[str] = field(default_factory=set)
 

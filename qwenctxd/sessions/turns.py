@@ -178,12 +178,12 @@ class TurnPipeline:
         out = []
         for rule in inst.rules.conditional:
             key = str(rule.path)
-            if key in s.delivered_rules:
+            if key in s.deliveries.delivered_rules:
                 continue
             for raw in touched:
                 rel = relative_to_root(raw if raw.startswith("/") else s.cwd / raw, root)
                 if rel is not None and rule.matches(rel):
-                    s.delivered_rules.add(key)
+                    s.deliveries.delivered_rules.add(key)
                     out.append(wire.Reminder(kind="rule",
                                              text=rule_reminder(rule.path, root, rule.body)))
                     break
@@ -193,23 +193,23 @@ class TurnPipeline:
     def _start_prefetch(self, s: Session, query: str, active_tools: list[str]) -> None:
         memory = self.m.memory
         tasks = self.m.tasks
-        if s.prefetch is not None:
-            tasks.cancel(s.prefetch)  # a newer user turn supersedes the old recall
-            s.prefetch = None
+        if s.deliveries.prefetch is not None:
+            tasks.cancel(s.deliveries.prefetch)  # a newer user turn supersedes the old recall
+            s.deliveries.prefetch = None
         if memory is None or not tasks.accepting or not memory.enabled(s.project_root):
             return
-        exclude = sorted(s.surfaced)
+        exclude = sorted(s.deliveries.surfaced)
 
         async def recall() -> Any:
             return await memory.recall(s.cwd, query, active_tools=active_tools, exclude=exclude)
 
-        s.prefetch = tasks.submit("recall", recall, project=str(s.project_root or s.cwd),
+        s.deliveries.prefetch = tasks.submit("recall", recall, project=str(s.project_root or s.cwd),
                                   description=f"memory recall for session {s.id[:8]}")
-        s.prefetch_delivered = False
+        s.deliveries.prefetch_delivered = False
 
     async def _take_prefetch(self, s: Session, *, wait: bool) -> wire.Reminder | None:
-        rec = s.prefetch
-        if rec is None or s.prefetch_delivered:
+        rec = s.deliveries.prefetch
+        if rec is None or s.deliveries.prefetch_delivered:
             return None
         if wait and rec.outcome is None:
             grace = self._settings(s).memory.prefetch_grace_ms / 1000
@@ -217,11 +217,11 @@ class TurnPipeline:
                 await rec.done.wait()
         if rec.outcome is None:
             return None  # still running: the next tool-results turn takes it
-        s.prefetch_delivered = True
+        s.deliveries.prefetch_delivered = True
         result = rec.result
         if rec.outcome.value != "completed" or result is None or not result.docs:
             return None
-        s.surfaced.update(str(d.path) for d in result.docs)
+        s.deliveries.surfaced.update(str(d.path) for d in result.docs)
         return wire.Reminder(kind="memory",
                              text=f"<system-reminder>\n{result.prompt}\n</system-reminder>")
 
@@ -234,29 +234,29 @@ class TurnPipeline:
         fresh = []
         for raw in touched:
             rel = relative_to_root(raw if raw.startswith("/") else s.cwd / raw, root)
-            if rel is not None and rel not in s.touched:
+            if rel is not None and rel not in s.deliveries.touched:
                 fresh.append(rel)
-                s.touched[rel] = None
-                if len(s.touched) > MAX_TOUCHED:
-                    s.touched.pop(next(iter(s.touched)))
+                s.deliveries.touched[rel] = None
+                if len(s.deliveries.touched) > MAX_TOUCHED:
+                    s.deliveries.touched.pop(next(iter(s.deliveries.touched)))
         candidates = fresh
-        if generation != s.skills_generation:  # a refresh resets activation: re-match
-            s.skills_generation = generation
-            s.skills_activated = set()
-            candidates = list(s.touched)
+        if generation != s.deliveries.skills_generation:  # a refresh resets activation: re-match
+            s.deliveries.skills_generation = generation
+            s.deliveries.skills_activated = set()
+            candidates = list(s.deliveries.touched)
         for skill in ss.skills.values():
-            if skill.conditional and skill.name not in s.skills_activated and any(
+            if skill.conditional and skill.name not in s.deliveries.skills_activated and any(
                     skill.matches(rel) for rel in candidates):
-                s.skills_activated.add(skill.name)
-        shown = listing.visible(ss, s.skills_activated)
+                s.deliveries.skills_activated.add(skill.name)
+        shown = listing.visible(ss, s.deliveries.skills_activated)
         names = {k.name for k in shown}
-        if s.skills_delivered is None:
+        if s.deliveries.skills_delivered is None:
             text, _rendered = listing.render_snapshot(shown)
-            s.skills_delivered = names  # left-out ones stay listed by skills.list, not re-sent
+            s.deliveries.skills_delivered = names  # left-out ones stay listed by skills.list, not re-sent
             return [wire.Reminder(kind="skills", text=text)]
-        added = [k for k in shown if k.name not in s.skills_delivered]
-        removed = sorted(s.skills_delivered - names)
-        s.skills_delivered = names
+        added = [k for k in shown if k.name not in s.deliveries.skills_delivered]
+        removed = sorted(s.deliveries.skills_delivered - names)
+        s.deliveries.skills_delivered = names
         text = listing.render_delta([k for k in added if not k.conditional], removed,
                                     [k for k in added if k.conditional])
         return [wire.Reminder(kind="skills_delta", text=text)] if text else []
@@ -369,7 +369,7 @@ class TurnPipeline:
             pre_hook=pre_hook if hook_cfg.get("PreCompact") else None,
             post_hook=post_hook if hook_cfg.get("PostCompact") else None,
             file_tools=s.options.tool_roles.file_tools() if s.options.tool_roles is not None else None,
-            touched_paths=list(s.touched),
+            touched_paths=list(s.deliveries.touched),
             max_files=settings.model.chat_compression.max_recent_files_to_retain,
             max_images=settings.model.chat_compression.max_recent_images_to_retain,
         )
@@ -541,7 +541,7 @@ class TurnPipeline:
         if skill is None:
             known = ", ".join(sorted(ss.skills)) or "none"
             return f"Error: no skill named {name.strip()!r}. Available skills: {known}.", True
-        s.skills_used.add(skill.name)
+        s.deliveries.skills_used.add(skill.name)
         text = listing.load_text(skill)
         extra = args.get("args") if isinstance(args, dict) else None
         if isinstance(extra, str) and extra.strip():
