@@ -230,7 +230,7 @@ class SkillReviewer:
             return "no_project"
         if not force and self.calls_since_review(session) < mem.auto_skill_tool_calls:
             return "below_threshold"
-        if edited_skills(session.messages):
+        if edited_skills(session.history.messages):
             return "skills_edited"
         if self.memory_pressure():
             return "memory_pressure"
@@ -260,8 +260,8 @@ class SkillReviewer:
         key = str(root)
         self._running.add(key)
         self._baseline[session.id] = int(getattr(session, "tool_calls_seen", 0) or 0)
-        history = [dict(m) for m in session.messages]
-        used = sorted(getattr(session, "skills_used", ()) or ())
+        history = [dict(m) for m in session.history.messages]
+        used = sorted(session.deliveries.skills_used)
         session_id, cwd = session.id, Path(session.cwd)
 
         async def job() -> ReviewResult:

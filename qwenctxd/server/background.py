@@ -62,7 +62,7 @@ class Background:
     def on_turn_complete(self, session: Any) -> list[str]:
         scheduled: list[str] = []
         req = ExtractRequest(session_id=session.id, cwd=session.cwd,
-                             history=list(session.messages),
+                             history=list(session.history.messages),
                              wrote_memory=session.memory_written_this_turn)
         ok, _reason = self.extractor.schedule(req)
         if ok:

@@ -28,7 +28,7 @@ The parts add up exactly to the figure the next assembled prompt reports as
 * the system sections are split on cumulative estimates of the prompt text (the estimate of
   ``text[:end of section]`` minus that of the section before), so they sum to the estimate of
   the whole text, as ``system_tokens`` counts it;
-* history parts come from the per-message estimates (``Session.msg_tokens``), reminder parts
+* history parts come from the per-message estimates (``History.tokens``), reminder parts
   carved out of their messages with the same estimator;
 * when the count is API-anchored, the messages the API figure covers are scaled
   proportionally so that they sum to the anchored figure less the system and tools estimate
@@ -186,14 +186,14 @@ def context_report(s: Session, system: SystemPromptLike, tools: Sequence[dict[st
     total, anchored = s.estimate(sys_tok)
 
     split = 0
-    a = s.anchor
+    a = s.usage.anchor
     if anchored and a is not None:
         split = a.index
     head = dict.fromkeys(HISTORY_PARTS, 0)  # messages the API figure covers
     tail = dict.fromkeys(HISTORY_PARTS, 0)  # estimated messages after it
-    for i, (msg, tok) in enumerate(zip(s.messages, s.msg_tokens, strict=True)):
+    for i, (msg, tok) in enumerate(zip(s.history.messages, s.history.tokens, strict=True)):
         _add(head if i < split else tail,
-             message_parts(msg, tok, image_tokens=s.image_tokens))
+             message_parts(msg, tok, image_tokens=s.history.image_tokens))
 
     parts: dict[str, int] = {**sys_parts, "tools": tool_tok}
     if anchored and a is not None:
@@ -209,8 +209,8 @@ def context_report(s: Session, system: SystemPromptLike, tools: Sequence[dict[st
     if sum(parts.values()) != total:  # only the negative-anchored-share case lands here
         parts = scale_to(parts, total)
 
-    window = s.window_tokens
-    th = compute_thresholds(window, s.pct)
+    window = s.options.window_tokens
+    th = compute_thresholds(window, s.options.auto_compact_threshold)
     free = max(0, window - total)
     return ContextReport(
         session_id=s.id, window_tokens=window, prompt_tokens=total, anchored=anchored,

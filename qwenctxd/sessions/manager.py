@@ -33,7 +33,7 @@ from qwenctxd.protocol import errors
 from qwenctxd.protocol import session as wire
 from qwenctxd.sessions import records, titles
 from qwenctxd.sessions.index import SessionIndex
-from qwenctxd.sessions.state import Session
+from qwenctxd.sessions.state import History, Session, SessionOptions
 from qwenctxd.skills.listing import SKILL_NAME, SKILL_TOOL
 from qwenctxd.skills.service import SkillsService
 from qwenctxd.tasks import TaskRegistry
@@ -112,9 +112,9 @@ class SessionManager:
         if p.session_id and p.session_id in self.sessions:
             s = self.sessions[p.session_id]  # another client continues the same session
             self._opened_at[s.id] = time.time()
-            tokens = s.prompt_tokens or s.estimate(0)[0]
-            return wire.OpenResult(session_id=s.id, resumed=True, messages=len(s.messages),
-                                   prompt_tokens=tokens, window_tokens=s.window_tokens,
+            tokens = s.usage.prompt_tokens or s.estimate(0)[0]
+            return wire.OpenResult(session_id=s.id, resumed=True, messages=len(s.history.messages),
+                                   prompt_tokens=tokens, window_tokens=s.options.window_tokens,
                                    path=str(s.path))
         if p.session_id is not None:
             checked_id(p.session_id)
@@ -145,19 +145,20 @@ class SessionManager:
                  else _agent(saved.get("agent")))
         keep = p.keep_reasoning or saved.get("keepReasoning")
         keep = keep if keep in KEEP_REASONING else "current_turn"
+        tools = with_skill_tool(client_tools)
+        opts = SessionOptions(
+            window_tokens=window, auto_compact_threshold=pct, tools=tools,
+            tool_roles=tool_roles.classify(tools), agent=agent, keep_reasoning=keep,
+            own_skill=not any(tool_roles.tool_name(t) == SKILL_NAME for t in client_tools))
         s = Session(
-            id=session_id, cwd=cwd, project_root=root, model=p.model, window_tokens=window,
-            pct=pct, tools=with_skill_tool(client_tools), env=env, path=path,
+            id=session_id, cwd=cwd, project_root=root, model=p.model, options=opts, env=env,
+            path=path,
             # fsync happens in a background job (at most once a second), never on the turn path;
             # close() still fsyncs
             writer=records.JsonlWriter(path, fsync="interval", fsync_interval=float("inf")),
-            image_tokens=int(self._environ.get("QWEN_IMAGE_TOKEN_ESTIMATE", 0))
-            or settings.model.chat_compression.image_token_estimate,
+            history=History(image_tokens=int(self._environ.get("QWEN_IMAGE_TOKEN_ESTIMATE", 0))
+                            or settings.model.chat_compression.image_token_estimate),
         )
-        s.agent = agent
-        s.keep_reasoning = keep
-        s.tool_roles = tool_roles.classify(s.tools)
-        s.own_skill = not any(tool_roles.tool_name(t) == SKILL_NAME for t in client_tools)
         options = {"windowTokens": window, "tools": client_tools, "agent": agent,
                    "keepReasoning": keep, "autoCompactThreshold": pct}
         if options != saved:
@@ -174,7 +175,7 @@ class SessionManager:
                 from qwenctxd.sessions.state import Anchor
 
                 u = state.last_usage
-                s.anchor = Anchor(total=int(u.get("prompt_tokens", 0))
+                s.usage.anchor = Anchor(total=int(u.get("prompt_tokens", 0))
                                   + int(u.get("completion_tokens", 0)),
                                   index=state.anchor_index, system_tokens=0)
             torn = [t.line_no for t in state.torn]
@@ -186,16 +187,16 @@ class SessionManager:
         sp = await self.system_prompt(s)
         from qwenctxd.sessions.state import system_tokens
 
-        sys_tok = system_tokens(sp.text, s.tools)
-        if s.anchor is not None and s.anchor.system_tokens == 0:
-            s.anchor.system_tokens = sys_tok
+        sys_tok = system_tokens(sp.text, s.options.tools)
+        if s.usage.anchor is not None and s.usage.anchor.system_tokens == 0:
+            s.usage.anchor.system_tokens = sys_tok
         tokens, _ = s.estimate(sys_tok)
-        s.prompt_tokens = tokens
+        s.usage.prompt_tokens = tokens
         if not resumed:
             await self._index_upsert(s)
-        log.info("session opened", session=session_id, resumed=resumed, messages=len(s.messages),
+        log.info("session opened", session=session_id, resumed=resumed, messages=len(s.history.messages),
                  torn=len(torn))
-        return wire.OpenResult(session_id=session_id, resumed=resumed, messages=len(s.messages),
+        return wire.OpenResult(session_id=session_id, resumed=resumed, messages=len(s.history.messages),
                                prompt_tokens=tokens, window_tokens=window, path=str(path),
                                torn_lines=torn, warnings=warnings)
 
@@ -203,8 +204,8 @@ class SessionManager:
         """The system prompt of ``s``: its model, env, declared tools, agent identity and the
         git snapshot taken when it opened."""
         return await self.instructions.system_prompt(
-            s.cwd, model=s.model, env=s.env, tool_roles=s.tool_roles,
-            agent=(s.agent or {}).get("name"), git_snapshot=s.git_snapshot)
+            s.cwd, model=s.model, env=s.env, tool_roles=s.options.tool_roles,
+            agent=(s.options.agent or {}).get("name"), git_snapshot=s.git_snapshot)
 
     async def _find_file(self, session_id: str, cwd: Path) -> Path | None:
         row = await self.index.get(session_id)
@@ -214,7 +215,7 @@ class SessionManager:
     async def _index_upsert(self, s: Session) -> None:
         summary = records.SessionSummary(
             session_id=s.id, path=str(s.path), cwd=str(s.cwd), started_at=iso(s.started_at),
-            updated_at=iso(s.updated_at), messages=len(s.messages), title=s.title,
+            updated_at=iso(s.updated_at), messages=len(s.history.messages), title=s.title,
             size=_size(s.path), mtime_ns=_mtime(s.path))
         await self.index.upsert(summary, project=str(s.cwd))
 
@@ -223,7 +224,7 @@ class SessionManager:
             return
 
         async def touch() -> None:
-            await self.index.touch(s.id, updated_at=iso(s.updated_at), messages=len(s.messages),
+            await self.index.touch(s.id, updated_at=iso(s.updated_at), messages=len(s.history.messages),
                                    size=_size(s.path), mtime_ns=_mtime(s.path), title=s.title)
 
         self.tasks.submit("index", touch, key=f"index:{s.id}", project=str(s.cwd))
@@ -244,12 +245,12 @@ class SessionManager:
 
     async def recap(self, session_id: str) -> wire.RecapResult:
         s = self.get(session_id)
-        r = await recap_mod.recap(self.model, list(s.messages))
+        r = await recap_mod.recap(self.model, list(s.history.messages))
         return wire.RecapResult(text=r.text, status=r.status, reason=r.reason)
 
     async def project_summary(self, session_id: str) -> wire.ProjectSummaryResult:
         s = self.get(session_id)
-        text = await recap_mod.project_summary(self.model, list(s.messages))
+        text = await recap_mod.project_summary(self.model, list(s.history.messages))
         target = (s.project_root or s.cwd) / ".qwen" / PROJECT_SUMMARY_NAME
         from qwenctxd.fsutil import atomic_write
 
@@ -318,8 +319,8 @@ class SessionManager:
 
     async def close(self, session_id: str) -> None:
         s = self.get(session_id)
-        if s.prefetch is not None:
-            self.tasks.cancel(s.prefetch)
+        if s.deliveries.prefetch is not None:
+            self.tasks.cancel(s.deliveries.prefetch)
         async with s.lock:
             s.writer.close()
             self.sessions.pop(session_id, None)
@@ -388,10 +389,10 @@ class SessionManager:
 
         out = []
         for s in self.sessions.values():
-            th = compute_thresholds(s.window_tokens, s.pct)
+            th = compute_thresholds(s.options.window_tokens, s.options.auto_compact_threshold)
             out.append({"session_id": s.id, "cwd": str(s.cwd), "model": s.model,
-                        "messages": len(s.messages), "prompt_tokens": s.prompt_tokens,
-                        "window_tokens": s.window_tokens, "level": level(s.prompt_tokens, th)})
+                        "messages": len(s.history.messages), "prompt_tokens": s.usage.prompt_tokens,
+                        "window_tokens": s.options.window_tokens, "level": level(s.usage.prompt_tokens, th)})
         return out
 
     def record(self, s: Session, msg: dict[str, Any], *, usage: dict[str, int] | None = None,
@@ -405,7 +406,7 @@ class SessionManager:
             type=rtype if payload is None else "system", subtype=subtype, cwd=str(s.cwd),
             version=__version__, message=msg if payload is None else None, usage=usage,
             model=s.model if rtype == "assistant" else None, systemPayload=payload,
-            contextWindowSize=s.window_tokens if payload is not None else None,
+            contextWindowSize=s.options.window_tokens if payload is not None else None,
         )
         try:
             s.writer.append(rec)

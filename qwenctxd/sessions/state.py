@@ -1,11 +1,20 @@
-"""One session's state: history, per-message token estimates, the API anchor, the recorder.
+"""One session's state, split by concern: :class:`Session` composes the parts.
+
+* :class:`SessionOptions` — what the client chose at open (window, auto-compact threshold,
+  tools and their roles, agent, keep_reasoning): recorded as an ``options`` record, restored
+  on resume.
+* :class:`History` — the messages, per-message token estimates and their running total, and
+  the epoch rules of incremental replies (appends keep the epoch, rewrites bump it).
+* :class:`UsageAnchor` — the API-anchored prompt-token figure.
+* :class:`CompactionState` — the breaker, the image-overflow count, the last usage level.
+* :class:`Deliveries` — touched paths and what rules, skills and memory have been delivered.
 
 Token accounting: the prompt count the client reports for a model reply (``record_model``
 usage) is authoritative for everything up to that reply; later messages, and any change in
 the system prompt since, are estimated with the one estimator. Without an anchor the whole
-prompt (system + tools + history) is estimated.
+prompt (system + tools + history) is estimated. Changes that touch several parts (append,
+pop, replace: the history moves and the anchor follows) go through :class:`Session`.
 """
-
 from __future__ import annotations
 
 import secrets
@@ -41,73 +50,28 @@ class Anchor:
 
 
 @dataclass
-class Session:
-    id: str
-    cwd: Path
-    project_root: Path | None
-    model: str
-    window_tokens: int
-    pct: float
-    tools: list[dict[str, Any]]
-    env: dict[str, str]
-    path: Path
-    writer: JsonlWriter
+class History:
+    """The message list as a client holds it: per-message token estimates and their running
+    total, the counts that say when the wire copy must differ (extension fields, reasoning,
+    tool-result characters), and the epoch rules of incremental replies.
+
+    The epoch is ``<base>-<rewrites>``; the base is new for every load of the session (a
+    restart or resume), ``rewrites`` counts the changes to messages a client may already hold.
+    ``last_user`` is the index of the latest user message (-1: none), ``wire_cut`` the index
+    before which the last reply dropped reasoning fields (keep_reasoning "current_turn").
+    """
+
     image_tokens: int = 1600
-    git_snapshot: str | None = None  # the git section taken when the session (re)opened
     messages: list[Message] = field(default_factory=list)
-    msg_tokens: list[int] = field(default_factory=list)
-    anchor: Anchor | None = None
-    breaker: Breaker = field(default_factory=Breaker)
-    lock: anyio.Lock = field(default_factory=anyio.Lock)
-    started_at: float = field(default_factory=time.time)
-    updated_at: float = field(default_factory=time.time)
-    last_model_reply_at: float | None = None
-    user_turn_open: bool = False
-    tool_images: int = 0
-    tool_calls_seen: int = 0
-    delivered_rules: set[str] = field(default_factory=set)
-    last_level: str = "ok"
-    memory_written_this_turn: bool = False
-    prompt_tokens: int = 0  # the figure of the last assembled prompt
-    title: str | None = None
-    ext_count: int = 0  # messages carrying our extension fields (stripped on the wire)
-    tool_chars: int = 0  # running total of tool-result characters (size trigger)
-    last_flush: float = 0.0
-    # skills: names already announced to the model (None: the snapshot is still due), the
-    # conditional skills active in this session, the paths touched so far (to re-match after a
-    # refresh resets activation), the skill-set generation seen, and the skills loaded
-    skills_delivered: set[str] | None = None
-    skills_activated: set[str] = field(default_factory=set)
-    touched: dict[str, None] = field(default_factory=dict)
-    skills_generation: int = 0
-    skills_used: set[str] = field(default_factory=set)
-    # memory prefetch: the recall started by the last user turn, whether it was delivered, and
-    # the memory files already surfaced in this session (not offered again)
-    prefetch: Any = None
-    prefetch_delivered: bool = True
-    surfaced: set[str] = field(default_factory=set)
-    # the agent-loop contract: the client's identity, reasoning policy (C4), what its tools
-    # are for (C5, file detection), whether ``skill`` is the daemon's own tool, the calls the
-    # daemon answered itself, and how many history messages carry reasoning fields
-    agent: dict[str, Any] | None = None
-    keep_reasoning: str = "current_turn"
-    tool_roles: Any = None
-    own_skill: bool = True
-    daemon_answered: set[str] = field(default_factory=set)
-    reasoning_count: int = 0
-    # incremental replies (session.turn ``known``): the epoch is ``<base>-<rewrites>``; the base
-    # is new for every load of the session (a restart or resume), ``rewrites`` counts the
-    # changes to messages a client may already hold. ``tokens_total`` is sum(msg_tokens),
-    # ``last_user`` the index of the latest user message (-1: none), ``wire_cut`` the index
-    # before which the last reply dropped reasoning fields (keep_reasoning "current_turn")
-    epoch_base: str = field(default_factory=lambda: secrets.token_hex(6))
-    rewrites: int = 0
-    tokens_total: int = 0
+    tokens: list[int] = field(default_factory=list)  # one estimate per message
+    total: int = 0  # sum(tokens)
     last_user: int = -1
     wire_cut: int = 0
-    # the system+tools estimate of the last assembled prompt: what the API's count for the
-    # reply to it covers (record_model anchors on it without re-building the system prompt)
-    last_system_tokens: int | None = None
+    ext_count: int = 0  # messages carrying our extension fields (stripped on the wire)
+    tool_chars: int = 0  # running total of tool-result characters (size trigger)
+    reasoning_count: int = 0  # assistant messages carrying reasoning fields
+    epoch_base: str = field(default_factory=lambda: secrets.token_hex(6))
+    rewrites: int = 0
 
     @property
     def epoch(self) -> str:
@@ -117,65 +81,45 @@ class Session:
         """Earlier messages changed (as a client holds them): a new epoch."""
         self.rewrites += 1
 
-    # -- history -------------------------------------------------------------------------------
     def append(self, msg: Message) -> None:
         msg = no_null_content(msg)
         self.messages.append(msg)
         tok = message_tokens(msg, image_tokens=self.image_tokens)
-        self.msg_tokens.append(tok)
-        self.tokens_total += tok
+        self.tokens.append(tok)
+        self.total += tok
         if msg.get("role") == "user":
             self.last_user = len(self.messages) - 1
         self._count(msg, 1)
-        self.updated_at = time.time()
 
     def pop_last(self) -> Message:
-        """Take the last message back out of the history (a merge or a rewind)."""
+        """Take the last message back out (a merge or a rewind): a new epoch."""
         msg = self.messages.pop()
-        self.tokens_total -= self.msg_tokens.pop()
+        self.total -= self.tokens.pop()
         self._count(msg, -1)
         self.rewrote()
         if self.last_user >= len(self.messages):
             self._find_last_user()
         self.wire_cut = min(self.wire_cut, len(self.messages))
-        if self.anchor is not None and self.anchor.index > len(self.messages):
-            self.anchor = None
-        self.updated_at = time.time()
         return msg
 
-    def _find_last_user(self) -> None:
-        self.last_user = next((i for i in range(len(self.messages) - 1, -1, -1)
-                               if self.messages[i].get("role") == "user"), -1)
-
-    def _count(self, msg: Message, sign: int) -> None:
-        if "is_error" in msg:
-            self.ext_count += sign
-        if msg.get("role") == "tool":
-            self.tool_chars += sign * tool_result_chars([msg])
-        elif msg.get("role") == "assistant" and any(k in msg for k in REASONING_KEYS):
-            self.reasoning_count += sign
-
-    def replace_history(self, messages: list[Message], *, keep_anchor_delta: int | None = None) -> None:
-        """Swap the history (compaction). ``keep_anchor_delta``: keep the API anchor, shifted
-        down by that many tokens (micro-compaction keeps positions); else drop it."""
+    def replace(self, messages: list[Message]) -> None:
+        """Swap the whole list (compaction, resume): re-estimated, a new epoch."""
         self.messages = [no_null_content(m) for m in messages]
-        self.msg_tokens = [message_tokens(m, image_tokens=self.image_tokens) for m in self.messages]
-        self.tokens_total = sum(self.msg_tokens)
+        self.tokens = [message_tokens(m, image_tokens=self.image_tokens) for m in self.messages]
+        self.total = sum(self.tokens)
         self.ext_count = self.tool_chars = self.reasoning_count = 0
         for m in self.messages:
             self._count(m, 1)
         self.rewrote()
         self._find_last_user()
         self.wire_cut = max(0, self.last_user)
-        if keep_anchor_delta is not None and self.anchor is not None:
-            self.anchor = Anchor(
-                total=max(0, self.anchor.total - keep_anchor_delta),
-                index=min(self.anchor.index, len(self.messages)),
-                system_tokens=self.anchor.system_tokens,
-            )
-        else:
-            self.anchor = None
-        self.updated_at = time.time()
+
+    def tail_tokens(self, start: int) -> int:
+        """The estimate of ``messages[start:]``: summed directly when short, else from the
+        running total."""
+        n = len(self.messages)
+        return (sum(self.tokens[start:]) if n - start <= 64
+                else self.total - sum(self.tokens[:start]))
 
     def pending_tool_calls(self) -> list[str]:
         """Ids of the last assistant message's tool calls that have no result yet."""
@@ -190,21 +134,162 @@ class Session:
                 return []
         return []
 
-    # -- tokens --------------------------------------------------------------------------------
+    def _find_last_user(self) -> None:
+        self.last_user = next((i for i in range(len(self.messages) - 1, -1, -1)
+                               if self.messages[i].get("role") == "user"), -1)
+
+    def _count(self, msg: Message, sign: int) -> None:
+        if "is_error" in msg:
+            self.ext_count += sign
+        if msg.get("role") == "tool":
+            self.tool_chars += sign * tool_result_chars([msg])
+        elif msg.get("role") == "assistant" and any(k in msg for k in REASONING_KEYS):
+            self.reasoning_count += sign
+
+
+@dataclass
+class UsageAnchor:
+    """The prompt-token figure: anchored on the API's count for the last model reply, the rest
+    estimated. ``prompt_tokens`` is the figure of the last assembled prompt,
+    ``last_system_tokens`` the system+tools estimate of it (what the API's count for the reply
+    covers: record_model anchors on it without re-building the system prompt)."""
+
+    anchor: Anchor | None = None
+    prompt_tokens: int = 0
+    last_system_tokens: int | None = None
+
+    def estimate(self, history: History, system_tokens: int) -> tuple[int, bool]:
+        """(prompt tokens, anchored?) for ``history`` plus a system+tools of ``system_tokens``."""
+        a = self.anchor
+        if a is not None and a.index <= len(history.messages):
+            return max(0, a.total + history.tail_tokens(a.index)
+                       + (system_tokens - a.system_tokens)), True
+        return system_tokens + history.total, False
+
+    def set(self, prompt_tokens: int, completion_tokens: int, system_tokens: int,
+            index: int) -> None:
+        """The API counted ``prompt + completion`` tokens for the first ``index`` messages."""
+        self.anchor = Anchor(total=prompt_tokens + completion_tokens, index=index,
+                             system_tokens=system_tokens)
+
+    def truncated(self, length: int) -> None:
+        """The history shrank to ``length`` messages: an anchor past the end no longer holds."""
+        if self.anchor is not None and self.anchor.index > length:
+            self.anchor = None
+
+    def replaced(self, length: int, keep_delta: int | None) -> None:
+        """The history was swapped for ``length`` messages. ``keep_delta``: keep the anchor,
+        shifted down by that many tokens (micro-compaction keeps positions); else drop it."""
+        if keep_delta is not None and self.anchor is not None:
+            self.anchor = Anchor(total=max(0, self.anchor.total - keep_delta),
+                                 index=min(self.anchor.index, length),
+                                 system_tokens=self.anchor.system_tokens)
+        else:
+            self.anchor = None
+
+
+@dataclass
+class SessionOptions:
+    """What the client chose at open, recorded as an ``options`` record and restored on resume:
+    the context window, the auto-compact threshold (percent of the window), the declared tools
+    (with the daemon's ``skill`` tool) and what they are for (C5, file detection), the client's
+    identity and reasoning policy (C4), and whether ``skill`` is the daemon's own tool."""
+
+    window_tokens: int
+    auto_compact_threshold: float
+    tools: list[dict[str, Any]]
+    tool_roles: Any = None
+    agent: dict[str, Any] | None = None
+    keep_reasoning: str = "current_turn"
+    own_skill: bool = True
+
+
+@dataclass
+class CompactionState:
+    """What the compaction triggers remember between turns: the breaker over failed summaries
+    (an open breaker skips auto compaction; hard overflow still forces it), the tool-result
+    images since the last summary (the image-overflow trigger) and the usage level of the last
+    assembled prompt."""
+
+    breaker: Breaker = field(default_factory=Breaker)
+    tool_images: int = 0
+    last_level: str = "ok"
+
+
+@dataclass
+class Deliveries:
+    """What the reminders have delivered to the model in this session, and what they need to
+    pick the next one: the paths touched so far (file tracking: rules and conditional skills
+    re-match on them, compaction keeps their files), the conditional rules delivered; skills:
+    names already announced (None: the snapshot is still due), the conditional skills active,
+    the skill-set generation seen (a refresh resets activation), the skills loaded; memory: the
+    recall prefetch started by the last user turn, whether it was delivered, and the memory
+    files already surfaced (not offered again)."""
+
+    touched: dict[str, None] = field(default_factory=dict)
+    delivered_rules: set[str] = field(default_factory=set)
+    skills_delivered: set[str] | None = None
+    skills_activated: set[str] = field(default_factory=set)
+    skills_generation: int = 0
+    skills_used: set[str] = field(default_factory=set)
+    prefetch: Any = None
+    prefetch_delivered: bool = True
+    surfaced: set[str] = field(default_factory=set)
+
+
+@dataclass
+class Session:
+    id: str
+    cwd: Path
+    project_root: Path | None
+    model: str
+    options: SessionOptions
+    env: dict[str, str]
+    path: Path
+    writer: JsonlWriter
+    history: History = field(default_factory=History)
+    usage: UsageAnchor = field(default_factory=UsageAnchor)
+    git_snapshot: str | None = None  # the git section taken when the session (re)opened
+    compaction: CompactionState = field(default_factory=CompactionState)
+    lock: anyio.Lock = field(default_factory=anyio.Lock)
+    started_at: float = field(default_factory=time.time)
+    updated_at: float = field(default_factory=time.time)
+    last_model_reply_at: float | None = None
+    user_turn_open: bool = False
+    tool_calls_seen: int = 0
+    memory_written_this_turn: bool = False
+    title: str | None = None
+    last_flush: float = 0.0
+    deliveries: Deliveries = field(default_factory=Deliveries)
+    # the calls the daemon answered itself (its skill tool)
+    daemon_answered: set[str] = field(default_factory=set)
+
+    # -- changes that touch several parts ------------------------------------------------------
+    def append(self, msg: Message) -> None:
+        self.history.append(msg)
+        self.updated_at = time.time()
+
+    def pop_last(self) -> Message:
+        """Take the last message back out of the history (a merge or a rewind)."""
+        msg = self.history.pop_last()
+        self.usage.truncated(len(self.history.messages))
+        self.updated_at = time.time()
+        return msg
+
+    def replace_history(self, messages: list[Message], *, keep_anchor_delta: int | None = None) -> None:
+        """Swap the history (compaction). ``keep_anchor_delta``: keep the API anchor, shifted
+        down by that many tokens (micro-compaction keeps positions); else drop it."""
+        self.history.replace(messages)
+        self.usage.replaced(len(self.history.messages), keep_anchor_delta)
+        self.updated_at = time.time()
+
     def estimate(self, system_tokens: int) -> tuple[int, bool]:
         """(prompt tokens, anchored?) for the history plus a system+tools of ``system_tokens``."""
-        a = self.anchor
-        if a is not None and a.index <= len(self.messages):
-            n = len(self.messages)
-            # the tail since the anchor: summed directly when short, else from the running total
-            tail = (sum(self.msg_tokens[a.index:]) if n - a.index <= 64
-                    else self.tokens_total - sum(self.msg_tokens[:a.index]))
-            return max(0, a.total + tail + (system_tokens - a.system_tokens)), True
-        return system_tokens + self.tokens_total, False
+        return self.usage.estimate(self.history, system_tokens)
 
     def set_anchor(self, prompt_tokens: int, completion_tokens: int, system_tokens: int) -> None:
-        self.anchor = Anchor(total=prompt_tokens + completion_tokens, index=len(self.messages),
-                             system_tokens=system_tokens)
+        """Anchor on the API's count for the whole history as it stands."""
+        self.usage.set(prompt_tokens, completion_tokens, system_tokens, len(self.history.messages))
 
 
 _SYSTEM_TOKENS: dict[tuple[str, int], tuple[list[dict[str, Any]], int]] = {}

@@ -57,7 +57,7 @@ class TurnPipeline:
         async with s.lock:
             events: list[dict[str, Any]] = []
             reminders: list[wire.Reminder] = []
-            first_turn = not s.messages and p.kind == "user"
+            first_turn = not s.history.messages and p.kind == "user"
             new_msgs = self._incoming(s, p, events)
             if p.kind == "user" and s.title is None and p.text:
                 title = auto_title(p.text)
@@ -85,7 +85,7 @@ class TurnPipeline:
                 s.append(msg)
                 self.m.record(s, msg)
             sp = await self.m.system_prompt(s)
-            sys_tok = system_tokens(sp.text, s.tools)
+            sys_tok = system_tokens(sp.text, s.options.tools)
             await self._maybe_micro(s, events, sys_tok)
             await self._maybe_compress(s, events, sys_tok)
             return self._assemble(s, sp.text, sp.prefix_hash, sys_tok, reminders, events,
@@ -93,7 +93,7 @@ class TurnPipeline:
 
     def _incoming(self, s: Session, p: wire.TurnParams, events: list[dict[str, Any]]
                   ) -> list[dict[str, Any]]:
-        pending = s.pending_tool_calls()
+        pending = s.history.pending_tool_calls()
         out: list[dict[str, Any]] = []
         if p.kind == "tool_results":
             results = []
@@ -132,7 +132,7 @@ class TurnPipeline:
                 if r.is_error:
                     msg["is_error"] = True
                 if isinstance(r.content, list):
-                    s.tool_images += sum(1 for part in r.content
+                    s.compaction.tool_images += sum(1 for part in r.content
                                          if part.get("type") == "image_url")
                 out.append(msg)
             s.tool_calls_seen += len(results)
@@ -153,14 +153,14 @@ class TurnPipeline:
             content: Any = ([{"type": "text", "text": p.text}] if p.text else []) + list(p.images)
         else:
             content = p.text
-        last = s.messages[-1] if s.messages else None
+        last = s.history.messages[-1] if s.history.messages else None
         if not pending and last is not None and last.get("role") == "user":
             # the last user turn went unanswered (a failed model call, the user typed again):
             # this turn joins it, so two user messages never follow each other (C1)
             s.pop_last()
             self.m.record(s, {}, subtype=records.SUBTYPE_REWIND, payload={
                 "reason": "user_turn_merged", "removedMessages": 1,
-                "compressedHistory": s.messages})
+                "compressedHistory": s.history.messages})
             events.append({"type": "user_turn_merged"})
             out.append({"role": "user", "content": join_content(last.get("content"), content)})
         else:
@@ -178,12 +178,12 @@ class TurnPipeline:
         out = []
         for rule in inst.rules.conditional:
             key = str(rule.path)
-            if key in s.delivered_rules:
+            if key in s.deliveries.delivered_rules:
                 continue
             for raw in touched:
                 rel = relative_to_root(raw if raw.startswith("/") else s.cwd / raw, root)
                 if rel is not None and rule.matches(rel):
-                    s.delivered_rules.add(key)
+                    s.deliveries.delivered_rules.add(key)
                     out.append(wire.Reminder(kind="rule",
                                              text=rule_reminder(rule.path, root, rule.body)))
                     break
@@ -193,23 +193,23 @@ class TurnPipeline:
     def _start_prefetch(self, s: Session, query: str, active_tools: list[str]) -> None:
         memory = self.m.memory
         tasks = self.m.tasks
-        if s.prefetch is not None:
-            tasks.cancel(s.prefetch)  # a newer user turn supersedes the old recall
-            s.prefetch = None
+        if s.deliveries.prefetch is not None:
+            tasks.cancel(s.deliveries.prefetch)  # a newer user turn supersedes the old recall
+            s.deliveries.prefetch = None
         if memory is None or not tasks.accepting or not memory.enabled(s.project_root):
             return
-        exclude = sorted(s.surfaced)
+        exclude = sorted(s.deliveries.surfaced)
 
         async def recall() -> Any:
             return await memory.recall(s.cwd, query, active_tools=active_tools, exclude=exclude)
 
-        s.prefetch = tasks.submit("recall", recall, project=str(s.project_root or s.cwd),
+        s.deliveries.prefetch = tasks.submit("recall", recall, project=str(s.project_root or s.cwd),
                                   description=f"memory recall for session {s.id[:8]}")
-        s.prefetch_delivered = False
+        s.deliveries.prefetch_delivered = False
 
     async def _take_prefetch(self, s: Session, *, wait: bool) -> wire.Reminder | None:
-        rec = s.prefetch
-        if rec is None or s.prefetch_delivered:
+        rec = s.deliveries.prefetch
+        if rec is None or s.deliveries.prefetch_delivered:
             return None
         if wait and rec.outcome is None:
             grace = self._settings(s).memory.prefetch_grace_ms / 1000
@@ -217,11 +217,11 @@ class TurnPipeline:
                 await rec.done.wait()
         if rec.outcome is None:
             return None  # still running: the next tool-results turn takes it
-        s.prefetch_delivered = True
+        s.deliveries.prefetch_delivered = True
         result = rec.result
         if rec.outcome.value != "completed" or result is None or not result.docs:
             return None
-        s.surfaced.update(str(d.path) for d in result.docs)
+        s.deliveries.surfaced.update(str(d.path) for d in result.docs)
         return wire.Reminder(kind="memory",
                              text=f"<system-reminder>\n{result.prompt}\n</system-reminder>")
 
@@ -234,29 +234,29 @@ class TurnPipeline:
         fresh = []
         for raw in touched:
             rel = relative_to_root(raw if raw.startswith("/") else s.cwd / raw, root)
-            if rel is not None and rel not in s.touched:
+            if rel is not None and rel not in s.deliveries.touched:
                 fresh.append(rel)
-                s.touched[rel] = None
-                if len(s.touched) > MAX_TOUCHED:
-                    s.touched.pop(next(iter(s.touched)))
+                s.deliveries.touched[rel] = None
+                if len(s.deliveries.touched) > MAX_TOUCHED:
+                    s.deliveries.touched.pop(next(iter(s.deliveries.touched)))
         candidates = fresh
-        if generation != s.skills_generation:  # a refresh resets activation: re-match
-            s.skills_generation = generation
-            s.skills_activated = set()
-            candidates = list(s.touched)
+        if generation != s.deliveries.skills_generation:  # a refresh resets activation: re-match
+            s.deliveries.skills_generation = generation
+            s.deliveries.skills_activated = set()
+            candidates = list(s.deliveries.touched)
         for skill in ss.skills.values():
-            if skill.conditional and skill.name not in s.skills_activated and any(
+            if skill.conditional and skill.name not in s.deliveries.skills_activated and any(
                     skill.matches(rel) for rel in candidates):
-                s.skills_activated.add(skill.name)
-        shown = listing.visible(ss, s.skills_activated)
+                s.deliveries.skills_activated.add(skill.name)
+        shown = listing.visible(ss, s.deliveries.skills_activated)
         names = {k.name for k in shown}
-        if s.skills_delivered is None:
+        if s.deliveries.skills_delivered is None:
             text, _rendered = listing.render_snapshot(shown)
-            s.skills_delivered = names  # left-out ones stay listed by skills.list, not re-sent
+            s.deliveries.skills_delivered = names  # left-out ones stay listed by skills.list, not re-sent
             return [wire.Reminder(kind="skills", text=text)]
-        added = [k for k in shown if k.name not in s.skills_delivered]
-        removed = sorted(s.skills_delivered - names)
-        s.skills_delivered = names
+        added = [k for k in shown if k.name not in s.deliveries.skills_delivered]
+        removed = sorted(s.deliveries.skills_delivered - names)
+        s.deliveries.skills_delivered = names
         text = listing.render_delta([k for k in added if not k.conditional], removed,
                                     [k for k in added if k.conditional])
         return [wire.Reminder(kind="skills_delta", text=text)] if text else []
@@ -281,7 +281,7 @@ class TurnPipeline:
 
     async def _maybe_micro(self, s: Session, events: list[dict[str, Any]], sys_tok: int) -> None:
         idle = self._settings(s).context.clear_context_on_idle
-        tool_chars = s.tool_chars
+        tool_chars = s.history.tool_chars
         trigger = micro.should_micro_compact(
             now=time.time(), last_model_reply_at=s.last_model_reply_at,
             idle_minutes=idle.tool_results_threshold_minutes, tool_chars=tool_chars,
@@ -291,9 +291,9 @@ class TurnPipeline:
 
     def _micro(self, s: Session, events: list[dict[str, Any]], *, trigger: str, keep: int,
                strip_reasoning: bool = False) -> int:
-        r = micro.micro_compact(s.messages, keep=keep, trigger=trigger,  # type: ignore[arg-type]
-                                strip_reasoning=strip_reasoning, image_tokens=s.image_tokens)
-        if r.messages is s.messages:
+        r = micro.micro_compact(s.history.messages, keep=keep, trigger=trigger,  # type: ignore[arg-type]
+                                strip_reasoning=strip_reasoning, image_tokens=s.history.image_tokens)
+        if r.messages is s.history.messages:
             return 0
         s.replace_history(r.messages, keep_anchor_delta=r.tokens_saved)
         self.m.record(s, {}, subtype="micro_compaction", payload={
@@ -308,11 +308,11 @@ class TurnPipeline:
     async def _maybe_compress(self, s: Session, events: list[dict[str, Any]], sys_tok: int) -> None:
         cfg = self._settings(s).model.chat_compression
         tokens, _ = s.estimate(sys_tok)
-        th = compute_thresholds(s.window_tokens, s.pct)
+        th = compute_thresholds(s.options.window_tokens, s.options.auto_compact_threshold)
         lvl = level(tokens, th)
         reason: str | None = None
         forced = False
-        if cfg.enable_screenshot_trigger and s.tool_images >= cfg.screenshot_trigger_threshold:
+        if cfg.enable_screenshot_trigger and s.compaction.tool_images >= cfg.screenshot_trigger_threshold:
             reason = "image_overflow"
         if lvl == "hard":
             reason, forced = "hard", True
@@ -320,7 +320,7 @@ class TurnPipeline:
             reason = "auto"
         if reason is None:
             return
-        if not forced and not s.breaker.allow(False):
+        if not forced and not s.compaction.breaker.allow(False):
             events.append({"type": "compression_skipped", "reason": "breaker_open",
                            "level": lvl, "tokens": tokens})
             return
@@ -328,7 +328,7 @@ class TurnPipeline:
                                      reason=reason, forced=forced)
         events.extend(result.events)
         if reason == "image_overflow" and result.status == "compressed":
-            s.tool_images = 0
+            s.compaction.tool_images = 0
         if forced and result.status != "compressed":
             # the window is about to overflow and no summary came: shed tool output instead
             keep = self._settings(s).context.clear_context_on_idle.tool_results_num_to_keep
@@ -351,7 +351,7 @@ class TurnPipeline:
         s = self.m.get(p.session_id)
         async with s.lock:
             sp = await self.m.system_prompt(s)
-            sys_tok = system_tokens(sp.text, s.tools)
+            sys_tok = system_tokens(sp.text, s.options.tools)
             if p.mode != "fast":
                 return await self.compress(s, trigger="manual", focus=p.instructions,
                                            sys_tok=sys_tok, reason="manual", forced=True)
@@ -381,20 +381,20 @@ class TurnPipeline:
                 transcript_path=str(s.path))
 
         result = await post_compact.compress(
-            self.m.model, s.messages, trigger=trigger, focus=focus,
+            self.m.model, s.history.messages, trigger=trigger, focus=focus,
             workspace_root=s.project_root or s.cwd, tokens_before=history_before,
-            estimate_history=lambda h: history_tokens(h, image_tokens=s.image_tokens),
+            estimate_history=lambda h: history_tokens(h, image_tokens=s.history.image_tokens),
             pre_hook=pre_hook if hook_cfg.get("PreCompact") else None,
             post_hook=post_hook if hook_cfg.get("PostCompact") else None,
-            file_tools=s.tool_roles.file_tools() if s.tool_roles is not None else None,
-            touched_paths=list(s.touched),
+            file_tools=s.options.tool_roles.file_tools() if s.options.tool_roles is not None else None,
+            touched_paths=list(s.deliveries.touched),
             max_files=settings.model.chat_compression.max_recent_files_to_retain,
             max_images=settings.model.chat_compression.max_recent_images_to_retain,
         )
         events: list[dict[str, Any]] = list(result.hook_events)
         if result.status == "compressed":
             s.replace_history(result.history)
-            s.breaker.record(True)
+            s.compaction.breaker.record(True)
             self.m.record(s, {}, subtype="chat_compression", payload={
                 "info": {"status": result.status, "trigger": trigger, "reason": reason,
                          "originalTokenCount": before_total,
@@ -406,7 +406,7 @@ class TurnPipeline:
             events.append(ev)
             self.m.bus.publish("session/compressed", {"session_id": s.id, **ev})
         else:
-            s.breaker.record(False)
+            s.compaction.breaker.record(False)
             after = before_total
             events.append({"type": "compression_failed", "status": result.status,
                            "trigger": trigger, "reason": reason, "cause": result.error})
@@ -420,51 +420,51 @@ class TurnPipeline:
                   reminders: list[wire.Reminder], events: list[dict[str, Any]],
                   known: wire.KnownHistory | None = None) -> wire.AssembledPrompt:
         tokens, anchored = s.estimate(sys_tok)
-        s.prompt_tokens = tokens
-        s.last_system_tokens = sys_tok
-        th = compute_thresholds(s.window_tokens, s.pct)
+        s.usage.prompt_tokens = tokens
+        s.usage.last_system_tokens = sys_tok
+        th = compute_thresholds(s.options.window_tokens, s.options.auto_compact_threshold)
         lvl = level(tokens, th)
-        usage = wire.Usage(prompt_tokens=tokens, window_tokens=s.window_tokens,
+        usage = wire.Usage(prompt_tokens=tokens, window_tokens=s.options.window_tokens,
                            thresholds=wire.Thresholds(warn=th.warn, auto=th.auto, hard=th.hard),
-                           level=lvl, context_left_pct=context_left_pct(tokens, s.window_tokens),
+                           level=lvl, context_left_pct=context_left_pct(tokens, s.options.window_tokens),
                            anchored=anchored)
         if lvl != "ok":
             events.append({"type": "usage", "level": lvl, "prompt_tokens": tokens})
             self.m.bus.publish("session/usage", {"session_id": s.id, "prompt_tokens": tokens,
-                                                 "window_tokens": s.window_tokens, "level": lvl})
-        s.last_level = lvl
-        key = (sys_hash, id(s.tools))
+                                                 "window_tokens": s.options.window_tokens, "level": lvl})
+        s.compaction.last_level = lvl
+        key = (sys_hash, id(s.options.tools))
         phash = self._prefix.get(key)
         if phash is None:
-            phash = prefix_hash(system, s.tools)
+            phash = prefix_hash(system, s.options.tools)
             if len(self._prefix) > 1024:
                 self._prefix.clear()
             self._prefix[key] = phash
         self.m.schedule_index_touch(s)
         start = self._messages_from(s, known)
-        if s.ext_count or (s.reasoning_count and s.keep_reasoning != "all"):
-            messages = wire_messages(s.messages, s.keep_reasoning, start=start,
-                                     cut=s.last_user if s.last_user > 0 else 0)
+        if s.history.ext_count or (s.history.reasoning_count and s.options.keep_reasoning != "all"):
+            messages = wire_messages(s.history.messages, s.options.keep_reasoning, start=start,
+                                     cut=s.history.last_user if s.history.last_user > 0 else 0)
         else:
-            messages = s.messages[start:]
+            messages = s.history.messages[start:]
         return wire.AssembledPrompt(system=system, messages=messages,
-                                    tools=s.tools, reminders=reminders, usage=usage,
+                                    tools=s.options.tools, reminders=reminders, usage=usage,
                                     events=events, prefix_hash=phash, session_id=s.id,
-                                    epoch=s.epoch, messages_from=start)
+                                    epoch=s.history.epoch, messages_from=start)
 
     @staticmethod
     def _messages_from(s: Session, known: wire.KnownHistory | None) -> int:
         """Where this reply's messages start: the client's ``known.count`` when its copy is of
         the current epoch, else 0. Reasoning dropped from a finished turn ("current_turn")
         changes messages the client holds, so it starts a new epoch first."""
-        cut = s.last_user if s.last_user > 0 else 0
-        if cut > s.wire_cut:
-            if (s.reasoning_count and s.keep_reasoning == "current_turn"
+        cut = s.history.last_user if s.history.last_user > 0 else 0
+        if cut > s.history.wire_cut:
+            if (s.history.reasoning_count and s.options.keep_reasoning == "current_turn"
                     and any(m.get("role") == "assistant" and any(k in m for k in REASONING_KEYS)
-                            for m in s.messages[s.wire_cut:cut])):
-                s.rewrote()
-            s.wire_cut = cut
-        if known is None or known.epoch != s.epoch or known.count > len(s.messages):
+                            for m in s.history.messages[s.history.wire_cut:cut])):
+                s.history.rewrote()
+            s.history.wire_cut = cut
+        if known is None or known.epoch != s.history.epoch or known.count > len(s.history.messages):
             return 0
         return known.count
 
@@ -476,7 +476,7 @@ class TurnPipeline:
             if msg.get("role") != "assistant":
                 raise errors.InvalidParams("message.role must be \"assistant\"",
                                            data={"field": "message.role", "message": "not assistant"})
-            if s.messages and s.messages[-1].get("role") == "assistant":
+            if s.history.messages and s.history.messages[-1].get("role") == "assistant":
                 raise errors.InvalidParams(
                     "a model reply must follow a turn (the last message is already a reply)",
                     data={"field": "message", "message": "reply without a turn"})
@@ -501,10 +501,10 @@ class TurnPipeline:
             if p.usage is not None:
                 usage = {"prompt_tokens": p.usage.prompt_tokens,
                          "completion_tokens": p.usage.completion_tokens}
-                sys_tok = s.last_system_tokens
+                sys_tok = s.usage.last_system_tokens
                 if sys_tok is None:
                     sp = await self.m.system_prompt(s)
-                    sys_tok = system_tokens(sp.text, s.tools)
+                    sys_tok = system_tokens(sp.text, s.options.tools)
                 s.set_anchor(p.usage.prompt_tokens, p.usage.completion_tokens, sys_tok)
             self.m.record(s, msg, usage=usage)
             answered = await self._answer_own_calls(s, calls)
@@ -521,7 +521,7 @@ class TurnPipeline:
     async def _answer_own_calls(self, s: Session, calls: list[dict[str, Any]]
                                 ) -> list[wire.AnsweredCall]:
         """Answer the reply's calls to the daemon's own ``skill`` tool (as ``skills.load``)."""
-        if not s.own_skill:
+        if not s.options.own_skill:
             return []
         out: list[wire.AnsweredCall] = []
         for c in calls:
@@ -559,7 +559,7 @@ class TurnPipeline:
         if skill is None:
             known = ", ".join(sorted(ss.skills)) or "none"
             return f"Error: no skill named {name.strip()!r}. Available skills: {known}.", True
-        s.skills_used.add(skill.name)
+        s.deliveries.skills_used.add(skill.name)
         text = listing.load_text(skill)
         extra = args.get("args") if isinstance(args, dict) else None
         if isinstance(extra, str) and extra.strip():
@@ -569,12 +569,12 @@ class TurnPipeline:
     @staticmethod
     def _answered_tail(s: Session) -> bool:
         """True when the last reply's calls are all answered and the daemon answered some."""
-        i = len(s.messages)
+        i = len(s.history.messages)
         own = False
-        while i and s.messages[i - 1].get("role") == "tool":
-            own = own or s.messages[i - 1].get("tool_call_id") in s.daemon_answered
+        while i and s.history.messages[i - 1].get("role") == "tool":
+            own = own or s.history.messages[i - 1].get("tool_call_id") in s.daemon_answered
             i -= 1
-        return own and i > 0 and s.messages[i - 1].get("role") == "assistant"
+        return own and i > 0 and s.history.messages[i - 1].get("role") == "assistant"
 
     # -- session.rewind ----------------------------------------------------------------------------
     async def rewind(self, p: wire.RewindParams) -> wire.RewindResult:
@@ -583,25 +583,25 @@ class TurnPipeline:
             if p.turns < 1:
                 raise errors.InvalidParams("turns must be at least 1",
                                            data={"field": "turns", "message": "below 1"})
-            starts = [i for i, m in enumerate(s.messages) if m.get("role") == "user"
-                      and (i == 0 or s.messages[i - 1].get("role") == "assistant")]
+            starts = [i for i, m in enumerate(s.history.messages) if m.get("role") == "user"
+                      and (i == 0 or s.history.messages[i - 1].get("role") == "assistant")]
             if p.turns > len(starts):
                 raise errors.InvalidParams(
                     f"turns {p.turns} is more than the {len(starts)} user turns in the history",
                     data={"field": "turns", "message": "more than the history",
                           "turns_available": len(starts)})
             cut = starts[-p.turns]
-            removed = len(s.messages) - cut
-            while len(s.messages) > cut:
+            removed = len(s.history.messages) - cut
+            while len(s.history.messages) > cut:
                 s.pop_last()
             s.user_turn_open = False
             s.daemon_answered.clear()
             self.m.record(s, {}, subtype=records.SUBTYPE_REWIND, payload={
                 "reason": "rewind", "turns": p.turns, "removedMessages": removed,
-                "compressedHistory": s.messages})
+                "compressedHistory": s.history.messages})
             self.m.schedule_index_touch(s)
             log.info("rewind", session=s.id, turns=p.turns, removed=removed)
-            return wire.RewindResult(removed_messages=removed, messages=len(s.messages))
+            return wire.RewindResult(removed_messages=removed, messages=len(s.history.messages))
 
 
 def wire_messages(messages: list[dict[str, Any]], keep_reasoning: str = "all", *,

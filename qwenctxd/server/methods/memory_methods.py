@@ -88,7 +88,7 @@ def register(daemon: Daemon) -> None:
         from qwenctxd.agents.extraction import ExtractRequest
 
         s = daemon.sessions.get(p.session_id)
-        req = ExtractRequest(session_id=s.id, cwd=s.cwd, history=list(s.messages),
+        req = ExtractRequest(session_id=s.id, cwd=s.cwd, history=list(s.history.messages),
                              wrote_memory=s.memory_written_this_turn)
         scheduled, reason = daemon.extractor.schedule(req)
         return wire.ScheduledResult(scheduled=scheduled, reason=reason, skipped_reason=reason)

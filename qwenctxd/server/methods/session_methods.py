@@ -53,7 +53,7 @@ def register(daemon: Daemon) -> None:
         s = manager.get(p.session_id)
         async with s.lock:
             sp = await manager.system_prompt(s)
-            r = context_report(s, sp, s.tools)
+            r = context_report(s, sp, s.options.tools)
         return wire.ContextResult(
             session_id=r.session_id, window_tokens=r.window_tokens,
             prompt_tokens=r.prompt_tokens, anchored=r.anchored,

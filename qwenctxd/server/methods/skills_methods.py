@@ -33,7 +33,7 @@ def register(daemon: Daemon) -> None:
         session = session_for(p.session_id)
         root = daemon.instructions.project_root(cwd)
         ss, _gen = await service.skillset(root, cwd)
-        activated = session.skills_activated if session is not None else set()
+        activated = session.deliveries.skills_activated if session is not None else set()
         return wire.ListResult(
             skills=[_info(k, (not k.conditional) or k.name in activated)
                     for k in ss.skills.values()],
@@ -52,7 +52,7 @@ def register(daemon: Daemon) -> None:
             raise errors.InvalidParams(f"no skill named {p.name!r} (known: {known})",
                                        data={"field": "name", "message": "unknown skill"})
         if session is not None:
-            session.skills_used.add(skill.name)
+            session.deliveries.skills_used.add(skill.name)
         return wire.LoadResult(name=skill.name, base_dir=str(skill.base_dir),
                                content=listing.load_text(skill))
 

@@ -25,7 +25,7 @@ def register(daemon: Daemon) -> None:
             raise errors.ModelUnavailable("speculation needs a model endpoint",
                                           data={"reason": "not_configured"})
         sp = await daemon.sessions.system_prompt(s)
-        spec_id = manager.start(daemon.model, session_history=list(s.messages), cwd=s.cwd,
+        spec_id = manager.start(daemon.model, session_history=list(s.history.messages), cwd=s.cwd,
                                 project_root=s.project_root or s.cwd, suggestion=p.suggestion,
                                 session_id=s.id, system=sp.text, fast=True)
         daemon.tasks.submit("speculation", lambda: manager.run(spec_id),
