@@ -204,18 +204,19 @@ def realpath_nearest_existing(path: str | os.PathLike[str]) -> str:
     return os.path.join(real, *missing) if missing else real
 
 
+def _by_precedence(roots: MemoryRoots) -> list[tuple[Scope, Path | None]]:
+    """The scopes' roots in classification order: team first, so a link from a private root
+    into team memory counts as team."""
+    return [("team", roots.team), ("project", roots.project), ("user", roots.user)]
+
+
 def scope_of(path: str | os.PathLike[str], roots: MemoryRoots) -> Scope | None:
     """The memory scope ``path`` writes into, or None when it is outside every root.
 
     Team is checked first, so a link from a private root into team memory counts as team.
     """
     real = realpath_nearest_existing(path)
-    candidates: list[tuple[Scope, Path | None]] = [
-        ("team", roots.team),
-        ("project", roots.project),
-        ("user", roots.user),
-    ]
-    for scope, root in candidates:
+    for scope, root in _by_precedence(roots):
         if root is not None and is_within(real, realpath_nearest_existing(root)):
             return scope
     return None
@@ -227,12 +228,7 @@ def escaped_scope(path: str | os.PathLike[str], roots: MemoryRoots) -> Scope | N
     outside every root by name or really lands inside the root it names."""
     literal = os.path.normpath(os.path.abspath(os.fspath(path)))
     real = realpath_nearest_existing(path)
-    candidates: list[tuple[Scope, Path | None]] = [
-        ("team", roots.team),
-        ("project", roots.project),
-        ("user", roots.user),
-    ]
-    for scope, root in candidates:
+    for scope, root in _by_precedence(roots):
         if root is None:
             continue
         if is_within(literal, os.path.normpath(os.path.abspath(root))):
