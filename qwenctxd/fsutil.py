@@ -85,3 +85,29 @@ def atomic_copy(src: Path, dst: Path) -> None:
     mode = stat.S_IMODE(os.stat(src).st_mode)
     with _replacing(dst, mode) as out, open(src, "rb") as inp:
         shutil.copyfileobj(inp, out)
+
+
+# -- where a path really lands: the one containment rule (agents' write scopes, their overlay,
+#    memory's scope classification)
+def real_location(path: str | os.PathLike[str]) -> str:
+    """Where ``path`` (absolute) really lands: ``..`` folded, then the realpath of its nearest
+    existing ancestor (the leaf included when it exists, a dangling leaf link followed to its
+    target), with the not-yet-existing tail appended."""
+    probe = os.path.normpath(os.path.abspath(os.fspath(path)))
+    tail: list[str] = []
+    while not os.path.lexists(probe):
+        parent = os.path.dirname(probe)
+        if parent == probe:
+            break
+        tail.append(os.path.basename(probe))
+        probe = parent
+    base = os.path.realpath(probe)  # non-strict: a dangling link still resolves to its target
+    for part in reversed(tail):
+        base = os.path.join(base, part)
+    return os.path.normpath(base)
+
+
+def is_within(path: str, root: str) -> bool:
+    """Lexically: ``path`` is ``root`` or below it (both normalised absolute strings), compared
+    component-wise, never as a bare string prefix."""
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import stat
+from collections.abc import Mapping
 from pathlib import Path
 
 SOCKET_NAME = "qwenctxd.sock"
@@ -38,8 +39,10 @@ def pid_path(sock: Path) -> Path:
     return sock.parent / PID_NAME
 
 
-def home() -> Path:
-    return Path(os.environ.get("HOME") or os.path.expanduser("~"))
+def home(environ: Mapping[str, str] | None = None) -> Path:
+    """``$HOME`` (else the password database's idea of it)."""
+    env = os.environ if environ is None else environ
+    return Path(env.get("HOME") or os.path.expanduser("~"))
 
 
 def state_dir() -> Path:
@@ -52,10 +55,12 @@ def config_dir() -> Path:
     return Path(base) / "qwenctxd"
 
 
-def qwen_home() -> Path:
-    """``~/.qwen`` (``QWEN_HOME`` overrides, as Qwen Code allows)."""
-    env = os.environ.get("QWEN_HOME")
-    return Path(env).expanduser() if env else home() / ".qwen"
+def qwen_home(environ: Mapping[str, str] | None = None) -> Path:
+    """``~/.qwen`` (``QWEN_HOME`` overrides, as Qwen Code allows): the one place it is
+    resolved; the daemon's subsystems get it from their :class:`~qwenctxd.project.Project`."""
+    env = os.environ if environ is None else environ
+    q = env.get("QWEN_HOME")
+    return Path(q).expanduser() if q else home(env) / ".qwen"
 
 
 def ensure_private_dir(path: Path) -> None:
@@ -96,12 +101,13 @@ def project_slug(path: str | os.PathLike[str]) -> str:
     return re.sub(r"[^a-zA-Z0-9]", "-", os.fspath(path))
 
 
-def runtime_base_dir() -> Path:
+def runtime_base_dir(environ: Mapping[str, str] | None = None) -> Path:
     """Where Qwen Code keeps runtime output (``QWEN_RUNTIME_DIR``, else ``~/.qwen``)."""
-    env = os.environ.get("QWEN_RUNTIME_DIR")
-    if env:
-        return Path(env).expanduser()
-    return qwen_home()
+    env = os.environ if environ is None else environ
+    runtime = env.get("QWEN_RUNTIME_DIR")
+    if runtime:
+        return Path(runtime).expanduser()
+    return qwen_home(env)
 
 
 def project_dir(project: str | os.PathLike[str]) -> Path:

@@ -59,10 +59,21 @@ def test_projects_are_resolved_only_by_the_registry() -> None:
 
 
 def test_one_watched_cache() -> None:
-    """Per-project caches are WatchedCaches: no subsystem builds a SharedLoads of its own or
-    waits for the hub to sync (the cache's re-check does that)."""
-    found = [f"{p.relative_to(PACKAGE.parent)}: {needle}" for pkg in SUBSYSTEMS
+    """Per-project caches are WatchedCaches: no subsystem — nor the config store or the project
+    registry — builds a SharedLoads of its own, watches the hub directly or waits for it to
+    sync (the cache's publish, watch and re-check do that)."""
+    found = [f"{p.relative_to(PACKAGE.parent)}: {needle}"
+             for pkg in (*SUBSYSTEMS, "config", "project")
              for p in sorted((PACKAGE / pkg).rglob("*.py"))
-             for needle in ("SharedLoads(", "wait_synced(")
+             for needle in ("SharedLoads(", "wait_synced(", "hub.watch(", "_hub.watch(")
              if needle in p.read_text(encoding="utf-8")]
+    assert found == []
+
+
+def test_qwen_home_is_resolved_in_one_place() -> None:
+    """``~/.qwen`` (and ``QWEN_HOME``) is worked out by qwenctxd.paths alone."""
+    found = [f"{p.relative_to(PACKAGE.parent)}" for p in sorted(PACKAGE.rglob("*.py"))
+             if p.name != "paths.py" or p.parent != PACKAGE
+             if '"QWEN_HOME"' in p.read_text(encoding="utf-8")
+             or 'home_dir / ".qwen"' in p.read_text(encoding="utf-8")]
     assert found == []

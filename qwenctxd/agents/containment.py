@@ -6,7 +6,9 @@ a symlinked directory by where it points), and the result must lie inside the re
 root. So ``..`` segments, symlinks out of the tree and absolute outside paths cannot escape,
 and two spellings of one file get one key. The speculation overlay keys its copies with
 :func:`contained_key`; the real tree's write scopes (:mod:`qwenctxd.agents.permissions`) and
-both agent filesystems (:mod:`qwenctxd.agents.fs`) use the same function.
+both agent filesystems (:mod:`qwenctxd.agents.fs`) use the same function. The primitives
+(:func:`real_location`, :func:`is_within`) live in :mod:`qwenctxd.fsutil`, where memory's scope
+classification uses them too.
 """
 
 from __future__ import annotations
@@ -14,29 +16,9 @@ from __future__ import annotations
 import os
 from pathlib import Path, PurePosixPath
 
+from qwenctxd.fsutil import is_within, real_location
+
 __all__ = ["contained_key", "is_within", "real_location"]
-
-
-def real_location(path: str | os.PathLike[str]) -> str:
-    """Where ``path`` (absolute) really lands: realpath of its nearest existing ancestor
-    (the leaf included when it exists), with the not-yet-existing tail appended."""
-    probe = os.path.normpath(os.fspath(path))
-    tail: list[str] = []
-    while not os.path.lexists(probe):
-        parent = os.path.dirname(probe)
-        if parent == probe:
-            break
-        tail.append(os.path.basename(probe))
-        probe = parent
-    base = os.path.realpath(probe)
-    for part in reversed(tail):
-        base = os.path.join(base, part)
-    return os.path.normpath(base)
-
-
-def is_within(path: str, root: str) -> bool:
-    """Lexically: ``path`` is ``root`` or below it (both normalised absolute strings)."""
-    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
 
 
 def contained_key(path: str | os.PathLike[str], root: str | os.PathLike[str]) -> str | None:

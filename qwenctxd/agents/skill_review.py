@@ -186,9 +186,13 @@ class SkillReviewer:
 
     def __init__(self, *, audit: AuditLog | None = None,
                  memory_pressure: Callable[[], bool] | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 home: Path | None = None, qwen_dir: Path | None = None) -> None:
         from qwenctxd.agents.dream import memory_pressure as default_pressure
 
+        # the user's home and ~/.qwen, as the daemon's project registry resolved them
+        self.home = home if home is not None else home_dir()
+        self.qwen_dir = qwen_dir if qwen_dir is not None else qwen_home()
         self.audit = audit
         self.memory_pressure = memory_pressure or default_pressure
         self.clock = clock
@@ -197,14 +201,13 @@ class SkillReviewer:
         self._running: set[str] = set()
 
     # -- gates ----------------------------------------------------------------------------------
-    @staticmethod
-    def project_root(session: Any) -> Path | None:
+    def project_root(self, session: Any) -> Path | None:
         root = getattr(session, "project_root", None)
         if root is None:
             return None
         root = Path(root)
         try:
-            if os.path.realpath(root) == os.path.realpath(home_dir()):
+            if os.path.realpath(root) == os.path.realpath(self.home):
                 return None  # project skill dirs would be the user's again
         except OSError:
             pass
@@ -301,7 +304,8 @@ class SkillReviewer:
             if confirm:
                 await anyio.to_thread.run_sync(
                     lambda: self.prune_orphans(root, keep=draft_id))
-            existing = await anyio.to_thread.run_sync(_existing_skills, root, cwd, settings)
+            existing = await anyio.to_thread.run_sync(
+                _existing_skills, root, cwd, settings, self.home, self.qwen_dir)
             spec = AgentSpec(
                 name="skill-reviewer", system=SYSTEM,
                 task=TASK.format(root=root, base=base,
@@ -524,12 +528,13 @@ class SkillReviewer:
         log.info("skill draft discarded", root=str(root), draft=draft_id)
 
 
-def _existing_skills(root: Path, cwd: Path, settings: Settings) -> str:
+def _existing_skills(root: Path, cwd: Path, settings: Settings, home: Path,
+                     qwen_dir: Path) -> str:
     from qwenctxd.skills import levels
 
     try:
-        bases = levels.base_dirs(root, home=home_dir(), settings=settings.skills, cwd=cwd,
-                                 qwen_dir=qwen_home())
+        bases = levels.base_dirs(root, home=home, settings=settings.skills, cwd=cwd,
+                                 qwen_dir=qwen_dir)
         ss = levels.load_skills(bases, settings=settings.skills)
     except Exception:  # the listing is a hint for the agent, never a reason to fail
         log.warning("could not list skills for the review", exc_info=True)

@@ -12,8 +12,11 @@ project's settings file; it is a dict lookup once the root has been seen (it run
 request) and never raises: an invalid project file is logged, reported in
 ``project_errors[root]`` and the global settings are used instead.
 
-``run(hub)`` keeps everything current: it watches the directories of every file in play
-through the daemon's ``WatchHub``. A valid edit replaces the settings, bumps ``generation`` and
+``run(hub, tasks=...)`` keeps everything current: every file in play is watched through a
+:class:`~qwenctxd.watch.WatchedCache` (key None for the global files, a root for a project's)
+whose values are the files' stamps as read; an edit made between reading and watching is caught
+by its re-check once the watches are live. The settings themselves stay in this store's dicts,
+so ``for_project`` is a plain lookup from any thread. A valid edit replaces the settings, bumps ``generation`` and
 calls the listeners; a bad edit is logged at error level (file, key, problem), kept in
 ``last_error`` and the last good settings stay in force. Settings objects handed out are
 shared: treat them as read-only.
@@ -42,8 +45,11 @@ from qwenctxd.config.layers import (
     read_settings_json,
 )
 from qwenctxd.config.schema import Settings
+from qwenctxd.paths import home as user_home
+from qwenctxd.paths import qwen_home
 from qwenctxd.protocol.errors import ConfigError
-from qwenctxd.watch import FileChange, WatchHub
+from qwenctxd.tasks import TaskRegistry
+from qwenctxd.watch import Watched, WatchedCache, WatchHub
 
 __all__ = ["ConfigStore", "Listener", "ProjectListener"]
 
@@ -57,12 +63,34 @@ def _abs(path: Path) -> Path:
     return Path(os.path.abspath(os.path.expanduser(path)))
 
 
+def _project_files(root: Path) -> tuple[Path, ...]:
+    """A project's settings file and its ``.env``."""
+    return (_abs(Path(root) / ".qwen" / "settings.json"), _abs(Path(root) / ".qwen" / ".env"))
+
+
 @dataclass(slots=True)
 class _Project:
     root: Path
     file: Path
     layer: Layer  # last good project layer (empty if missing or never valid)
     dotenv: Layer = field(default_factory=lambda: Layer("dotenv", ""))  # <root>/.qwen/.env
+    stamp: _Stamp = ()  # the files as they were just before the last read
+
+
+_Stamp = tuple[tuple[int, int, int] | None, ...]
+
+
+def _stamp(files: tuple[Path, ...]) -> _Stamp:
+    """(inode, size, mtime) of each file, None for a missing one: what a re-check compares."""
+    out: list[tuple[int, int, int] | None] = []
+    for f in files:
+        try:
+            st = os.stat(f)
+        except OSError:
+            out.append(None)
+        else:
+            out.append((st.st_ino, st.st_size, st.st_mtime_ns))
+    return tuple(out)
 
 
 class ConfigStore:
@@ -84,11 +112,9 @@ class ConfigStore:
     ) -> None:
         self._environ = environ
         env = self._env_mapping()
-        home_dir = home if home is not None else Path(env.get("HOME") or os.path.expanduser("~"))
-        if home is None and env.get("QWEN_HOME"):
-            qwen_dir = Path(env["QWEN_HOME"])
-        else:
-            qwen_dir = home_dir / ".qwen"
+        home_dir = home if home is not None else user_home(env)
+        # an explicit ``home`` is the directory holding .qwen (QWEN_HOME is not consulted)
+        qwen_dir = qwen_home(env if home is None else {"HOME": str(home_dir)})
         xdg = xdg_config or Path(env.get("XDG_CONFIG_HOME") or home_dir / ".config")
         self.user_settings_file = _abs(qwen_dir / "settings.json")
         self.config_file = _abs(xdg / "qwenctxd" / "config.toml")
@@ -100,17 +126,16 @@ class ConfigStore:
         self._global: Settings | None = None
         self._projects: dict[Path, _Project] = {}
         self._cache: dict[Path, Settings] = {}  # the for_project fast path
-        self._file_roots: dict[str, Path] = {}  # project settings file -> root
         self.project_errors: dict[Path, str] = {}
         self._errors: dict[str, str] = {}  # file -> message of its outstanding bad edit
         self.generation = 0
         self._listeners: list[Listener] = []
         self._project_listeners: list[ProjectListener] = []
-        self._hub: WatchHub | None = None
+        self._global_stamp: _Stamp = ()
+        self._watched: WatchedCache[Path | None, _Stamp] | None = None
         self._tg: TaskGroup | None = None
         self._loop_thread: int | None = None
         self._lock: anyio.Lock | None = None
-        self._watch_key = f"config:{id(self):x}"
 
     def _env_mapping(self) -> Mapping[str, str]:
         return os.environ if self._environ is None else self._environ
@@ -144,6 +169,7 @@ class ConfigStore:
     def load_global(self) -> Settings:
         """Read defaults + user settings + config.toml + environment; ConfigError if invalid."""
         env = env_layer(self._env_mapping())
+        self._global_stamp = _stamp(self._global_files)
         user = read_settings_json(self.user_settings_file)
         dotenv = dotenv_layer(self.user_env_file)
         toml = read_config_toml(self.config_file)
@@ -175,9 +201,9 @@ class ConfigStore:
         self._cache.pop(root, None)
         self.project_errors.pop(root, None)
         if proj is not None:
-            self._file_roots.pop(str(proj.file), None)
             self._errors.pop(str(proj.file), None)
-            self._resubscribe()
+            if self._watched is not None:
+                self._watched.forget(root)
 
     def add_listener(self, callback: Listener) -> Callable[[], None]:
         """Call ``callback(settings)`` after each change of the global settings; returns a
@@ -201,21 +227,20 @@ class ConfigStore:
         glob = self.global_settings
         file = _abs(Path(root) / ".qwen" / "settings.json")
         layer = Layer("settings", str(file), file)
+        stamp = _stamp(_project_files(root))
         if file != self.user_settings_file:  # the home directory as a project: no extra layer
             try:
                 layer = read_settings_json(file)
             except ConfigError as exc:
                 self._project_failed(root, exc, fallback="global settings")
-        proj = _Project(root, file, layer)
+        proj = _Project(root, file, layer, stamp=stamp)
         if file != self.user_settings_file:
             proj.dotenv = dotenv_layer(_abs(Path(root) / ".qwen" / ".env"))
         settings = self._project_settings(proj) if layer.data or proj.dotenv.data else glob
         self._projects[root] = proj
         self._cache[root] = settings
         if file != self.user_settings_file:
-            self._file_roots[str(file)] = root
-            self._file_roots[str(_abs(Path(root) / ".qwen" / ".env"))] = root
-            self._resubscribe(new_root=root)
+            self._watch_from_any_thread(root)
         return settings
 
     def _project_settings(self, proj: _Project) -> Settings:
@@ -249,9 +274,11 @@ class ConfigStore:
 
     # -- live reload ----------------------------------------------------------------------
     async def run(
-        self, hub: WatchHub, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+        self, hub: WatchHub, *, tasks: TaskRegistry | None = None,
+        task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
-        """Watch every file in play through ``hub`` (which must be running) until cancelled.
+        """Watch every file in play through ``hub`` (which must be running) until cancelled;
+        ``tasks`` runs the re-checks (a registry of its own when None).
 
         ``task_status.started()`` once the watches are registered and anything edited since
         ``load_global`` has been read.
@@ -262,54 +289,62 @@ class ConfigStore:
         self._loop_thread = threading.get_ident()
         try:
             async with anyio.create_task_group() as tg:
-                self._hub, self._tg = hub, tg
-                self._resubscribe()
-                await hub.wait_synced()
+                if tasks is None:
+                    tasks = TaskRegistry()
+                    tasks.attach(tg)
+                self._tg = tg
+                self._watched = WatchedCache(hub, tasks, "config", on_stale=self._on_stale,
+                                             project_of=lambda root: None)
+                self._watch(None)
+                for root in list(self._projects):
+                    self._watch(root)
+                await self._watched.live()
                 await self._reload(True, list(self._projects))  # edits made before the watch
                 task_status.started()
                 await anyio.sleep_forever()
         finally:
-            hub.unwatch(self._watch_key)
-            self._hub = self._tg = None
+            if self._watched is not None:
+                for key in (None, *self._projects):
+                    self._watched.forget(key)
+            self._watched = self._tg = None
             self._loop_thread = None
 
-    def _watched_dirs(self) -> set[Path]:
-        dirs = {self.user_settings_file.parent, self.config_file.parent}
-        dirs.update(p.file.parent for p in self._projects.values())
-        return dirs
+    @property
+    def _global_files(self) -> tuple[Path, ...]:
+        return (self.user_settings_file, self.config_file, self.user_env_file)
 
-    def _resubscribe(self, new_root: Path | None = None) -> None:
-        """Point the hub at the current directory set; for a project seen for the first time,
-        re-read its file once the watch is registered (it was read before the watch existed)."""
-        hub, tg = self._hub, self._tg
-        if hub is None or tg is None:
+    def _watch(self, root: Path | None) -> None:
+        """Watch the global files (``root`` None) or a project's, from the loop thread."""
+        watched = self._watched
+        if watched is None:
             return
-        dirs = self._watched_dirs()
+        if root is None:
+            files, stamp = self._global_files, self._global_stamp
+        else:
+            proj = self._projects.get(root)
+            if proj is None or proj.file == self.user_settings_file:
+                return
+            files, stamp = _project_files(root), proj.stamp
+        wanted = frozenset(files)
+        watched.publish(root, Watched(
+            stamp, {f.parent for f in files}, relevant=wanted.__contains__,
+            changed=lambda: _stamp(files) != stamp))
 
-        def subscribe() -> None:
-            hub.watch(self._watch_key, dirs, self._on_changes)
-            if new_root is not None:
-                tg.start_soon(self._catch_up, hub, new_root)
-
+    def _watch_from_any_thread(self, root: Path) -> None:
+        if self._watched is None:
+            return
         if threading.get_ident() == self._loop_thread:
-            subscribe()
+            self._watch(root)
             return
         try:
-            anyio.from_thread.run_sync(subscribe)
+            anyio.from_thread.run_sync(self._watch, root)
         except RuntimeError:
-            log.warning("config.watch_from_foreign_thread", dirs=len(dirs))
+            log.warning("config.watch_from_foreign_thread", project=str(root))
 
-    async def _catch_up(self, hub: WatchHub, root: Path) -> None:
-        await hub.wait_synced()
-        await self._reload(False, [root])
-
-    async def _on_changes(self, changes: set[FileChange]) -> None:
-        touched = {path for _, path in changes}
-        do_global = bool(touched & {str(self.user_settings_file), str(self.config_file),
-                                    str(self.user_env_file)})
-        roots = [self._file_roots[p] for p in touched if p in self._file_roots]
-        if do_global or roots:
-            await self._reload(do_global, roots)
+    def _on_stale(self, root: Path | None, _stamp_read: _Stamp) -> None:
+        """A watched file changed (or changed before its watch was live): re-read it."""
+        if self._tg is not None:
+            self._tg.start_soon(self._reload, root is None, [] if root is None else [root])
 
     async def _reload(self, do_global: bool, roots: list[Path]) -> None:
         assert self._lock is not None
@@ -320,6 +355,7 @@ class ConfigStore:
                 await self._reload_project(root)
 
     def _read_global_files(self) -> tuple[Layer, Layer, Layer]:
+        self._global_stamp = _stamp(self._global_files)
         return (read_settings_json(self.user_settings_file), read_config_toml(self.config_file),
                 dotenv_layer(self.user_env_file))
 
@@ -343,6 +379,7 @@ class ConfigStore:
         if proj is None:
             return
         try:
+            proj.stamp = await anyio.to_thread.run_sync(_stamp, _project_files(root))
             layer = await anyio.to_thread.run_sync(read_settings_json, proj.file)
             dotenv = await anyio.to_thread.run_sync(
                 dotenv_layer, _abs(Path(root) / ".qwen" / ".env"))

@@ -11,9 +11,9 @@
 Every topic directory holds one memory per ``.md`` file under ``user/ feedback/ project/
 reference/`` plus a ``MEMORY.md`` index.
 
-:func:`scope_of` classifies a path by where its bytes would actually land: a leaf symlink is
-followed (even when dangling) and the nearest existing ancestor is realpath-ed, on both the
-path and the roots, so a decoy link pointing into team memory is classified as team.
+:func:`scope_of` classifies a path by where its bytes would actually land — the daemon's one
+containment rule, :func:`qwenctxd.fsutil.real_location` (a leaf symlink followed even when
+dangling, the nearest existing ancestor realpath-ed), on both the path and the roots, so a decoy link pointing into team memory is classified as team.
 :func:`escaped_scope` catches the reverse: a path that names a memory root but whose bytes
 would land outside it (a topic directory that is a symlink out of the tree).
 """
@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from qwenctxd.fsutil import is_within, real_location
 from qwenctxd.paths import project_slug, runtime_base_dir
 from qwenctxd.project.roots import find_project_root
 
@@ -49,7 +50,6 @@ LOCK_FILENAME = "consolidation.lock"
 ENV_BASE_DIR = "QWEN_CODE_MEMORY_BASE_DIR"
 ENV_LOCAL = "QWEN_CODE_MEMORY_LOCAL"
 
-MAX_SYMLINK_HOPS = 40  # POSIX SYMLOOP_MAX
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,60 +150,6 @@ def lock_path(state: Path) -> Path:
     return state / LOCK_FILENAME
 
 
-def is_within(child: str | os.PathLike[str], parent: str | os.PathLike[str]) -> bool:
-    """``child`` is ``parent`` or below it, compared component-wise (never a string prefix)."""
-    try:
-        rel = os.path.relpath(os.fspath(child), os.fspath(parent))
-    except ValueError:  # different drives on Windows
-        return False
-    if os.path.isabs(rel):
-        return False
-    first = rel.split(os.sep, 1)[0]
-    return first != os.pardir
-
-
-def resolve_leaf_symlink(path: str | os.PathLike[str]) -> str:
-    """Follow a symlink chain at the leaf of ``path`` even when its final target is missing.
-
-    At most :data:`MAX_SYMLINK_HOPS` links are followed; relative targets resolve against the
-    link's real parent directory. The result is absolute and may not exist.
-    """
-    current = os.path.abspath(os.fspath(path))
-    for _ in range(MAX_SYMLINK_HOPS):
-        try:
-            if not os.path.islink(current):
-                return current
-            target = os.readlink(current)
-        except OSError:
-            return current
-        if os.path.isabs(target):
-            current = os.path.normpath(target)
-        else:
-            parent = os.path.dirname(current)
-            try:
-                parent = os.path.realpath(parent, strict=True)
-            except OSError:
-                pass
-            current = os.path.normpath(os.path.join(parent, target))
-    return current
-
-
-def realpath_nearest_existing(path: str | os.PathLike[str]) -> str:
-    """Where ``path`` really is: leaf links followed, then the nearest existing ancestor's
-    realpath with the missing tail re-appended literally."""
-    resolved = resolve_leaf_symlink(path)
-    missing: list[str] = []
-    current = resolved
-    while not os.path.lexists(current):
-        parent = os.path.dirname(current)
-        if parent == current:
-            return resolved
-        missing.insert(0, os.path.basename(current))
-        current = parent
-    real = os.path.realpath(current)  # non-strict: a dangling link inside still resolves
-    return os.path.join(real, *missing) if missing else real
-
-
 def _by_precedence(roots: MemoryRoots) -> list[tuple[Scope, Path | None]]:
     """The scopes' roots in classification order: team first, so a link from a private root
     into team memory counts as team."""
@@ -215,9 +161,9 @@ def scope_of(path: str | os.PathLike[str], roots: MemoryRoots) -> Scope | None:
 
     Team is checked first, so a link from a private root into team memory counts as team.
     """
-    real = realpath_nearest_existing(path)
+    real = real_location(path)
     for scope, root in _by_precedence(roots):
-        if root is not None and is_within(real, realpath_nearest_existing(root)):
+        if root is not None and is_within(real, real_location(root)):
             return scope
     return None
 
@@ -227,10 +173,10 @@ def escaped_scope(path: str | os.PathLike[str], roots: MemoryRoots) -> Scope | N
     root (a symlinked topic directory or file pointing out of the tree); None when ``path`` is
     outside every root by name or really lands inside the root it names."""
     literal = os.path.normpath(os.path.abspath(os.fspath(path)))
-    real = realpath_nearest_existing(path)
+    real = real_location(path)
     for scope, root in _by_precedence(roots):
         if root is None:
             continue
         if is_within(literal, os.path.normpath(os.path.abspath(root))):
-            return None if is_within(real, realpath_nearest_existing(root)) else scope
+            return None if is_within(real, real_location(root)) else scope
     return None

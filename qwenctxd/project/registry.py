@@ -5,7 +5,8 @@ every directory of one repository. Each resolved cwd's chain of directories (cwd
 or up to the filesystem root below ``/`` without one) is watched, non-recursively, for a
 ``.git`` entry appearing or vanishing: such an event drops the cwds whose answer it may change,
 and the next ``get`` re-resolves. A ``.git`` created before the watch went live is caught by a
-re-check once the hub is synced. Settings are not copied: :attr:`Project.settings` asks the
+re-check once the hub is synced. Both are the :class:`~qwenctxd.watch.WatchedCache`'s work:
+``get`` answers synchronously and publishes its answer there. Settings are not copied: :attr:`Project.settings` asks the
 :class:`~qwenctxd.config.ConfigStore` (which watches the settings files) every time.
 """
 
@@ -17,19 +18,17 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-import anyio
 import structlog
 
 from qwenctxd.config import ConfigStore
 from qwenctxd.config.schema import Settings
 from qwenctxd.project.roots import find_project_root, home_dir, qwen_home
 from qwenctxd.tasks import TaskRegistry
-from qwenctxd.watch import FileChange, WatchHub
+from qwenctxd.watch import Watched, WatchedCache, WatchHub
 
 log = structlog.get_logger("qwenctxd.project")
-WATCH_KEY = "projects"
+MAX_CWDS = 4096
 
 
 @dataclass(frozen=True, eq=False)
@@ -79,19 +78,18 @@ class ProjectRegistry:
                  tasks: TaskRegistry | None = None,
                  environ: Mapping[str, str] | None = None) -> None:
         self._config = config
-        self._hub = hub
-        self._tasks = tasks
         env = os.environ if environ is None else environ
         self.home = home_dir(env)
         self.qwen_home = qwen_home(env)
-        self._by_cwd: dict[Path, Project] = {}
-        self._chains: dict[Path, list[Path]] = {}
+        # cwd -> its project; a .git appearing or vanishing on the way up invalidates
+        self._by_cwd: WatchedCache[Path, Project] = WatchedCache(
+            hub, tasks, "project", project_of=lambda cwd: None)
         self._by_anchor: dict[tuple[Path | None, Path], Project] = {}
         self.resolutions = 0
 
     def get(self, cwd: Path) -> Project:
         """The project ``cwd`` belongs to (call from the event-loop thread)."""
-        found = self._by_cwd.get(cwd)
+        found = self._by_cwd.peek(cwd)
         if found is not None:
             return found
         norm = Path(os.path.normpath(os.path.abspath(cwd)))
@@ -103,12 +101,11 @@ class ProjectRegistry:
             project = Project(root=root, anchor=anchor, home=self.home,
                               qwen_home=self.qwen_home, config=self._config)
             self._by_anchor[(root, anchor)] = project
-        if len(self._by_cwd) > 4096:
-            self._by_cwd.clear()
-            self._chains.clear()
-        self._by_cwd[cwd] = project
-        self._chains[cwd] = _chain(norm, root)
-        self._subscribe(cwd)
+        self._evict_oldest()
+        self._by_cwd.publish(cwd, Watched(
+            project, _chain(norm, root), relevant=_is_git_entry,
+            # a .git made before the watch was live still counts
+            changed=lambda: find_project_root(norm) != root))
         return project
 
     def root(self, cwd: Path) -> Path | None:
@@ -118,42 +115,23 @@ class ProjectRegistry:
         """The git root of any directory (a worker thread may call this): a registered cwd's
         answer, else a lookup cached for at most a second (a build reads many files from few
         directories)."""
-        found = self._by_cwd.get(directory)
+        found = self._by_cwd.peek(directory)
         if found is not None:
             return found.root
         return _root_cached(directory, int(time.monotonic()))
 
     def invalidate(self, cwd: Path) -> None:
         """Forget ``cwd``'s answer; the next :meth:`get` resolves again."""
-        self._by_cwd.pop(cwd, None)
-        self._chains.pop(cwd, None)
+        self._by_cwd.invalidate(cwd)
 
-    # -- watching ---------------------------------------------------------------------------
-    def _subscribe(self, new_cwd: Path) -> None:
-        hub = self._hub
-        if hub is None:
-            return
-        dirs = {d for chain in self._chains.values() for d in chain}
-        hub.watch(WATCH_KEY, dirs, self._on_changes)
-        if self._tasks is None or not self._tasks.accepting:
-            return
-        expected = self._by_cwd[new_cwd]
+    def _evict_oldest(self) -> None:
+        """Keep at most MAX_CWDS resolved working directories (and their watches)."""
+        known = sum(1 for _ in self._by_cwd.items())
+        if known >= MAX_CWDS:
+            oldest = next(self._by_cwd.items())[0]
+            log.debug("project cache full: dropping the oldest cwd", cwd=str(oldest))
+            self._by_cwd.forget(oldest)
 
-        async def recheck() -> None:  # a .git made before the watch was live still counts
-            with anyio.move_on_after(10):
-                await hub.wait_synced()
-            if self._by_cwd.get(new_cwd) is expected and await anyio.to_thread.run_sync(
-                    find_project_root, new_cwd) != expected.root:
-                self.invalidate(new_cwd)
 
-        self._tasks.submit("project-verify", recheck, key=f"project-verify:{new_cwd}",
-                           project=str(expected.anchor))
-
-    async def _on_changes(self, changes: set[FileChange] | set[tuple[Any, str]]) -> None:
-        touched = {Path(raw).parent for _, raw in changes if Path(raw).name == ".git"}
-        if not touched:
-            return
-        for cwd, chain in list(self._chains.items()):
-            if touched.intersection(chain):
-                log.debug("project root may have changed", cwd=str(cwd))
-                self.invalidate(cwd)
+def _is_git_entry(path: Path) -> bool:
+    return path.name == ".git"

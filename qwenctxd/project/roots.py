@@ -1,4 +1,5 @@
-"""The pure lookups behind a project: its git root and the user's home and ``~/.qwen``.
+"""The pure lookups behind a project: its git root, and (from :mod:`qwenctxd.paths`, where
+they are resolved for daemon and clients alike) the user's home and ``~/.qwen``.
 
 Only :class:`~qwenctxd.project.registry.ProjectRegistry` (and standalone helpers with no
 registry at hand) call these; the subsystems receive a resolved
@@ -8,8 +9,12 @@ registry at hand) call these; the subsystems receive a resolved
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 from pathlib import Path
+
+from qwenctxd.paths import home as home_dir
+from qwenctxd.paths import qwen_home
+
+__all__ = ["find_project_root", "home_dir", "qwen_home"]
 
 
 def _has_git_marker(directory: Path) -> bool:
@@ -25,16 +30,3 @@ def find_project_root(start: Path) -> Path | None:
         if _has_git_marker(directory):
             return directory
     return None
-
-
-def home_dir(environ: Mapping[str, str] | None = None) -> Path:
-    """``$HOME`` (else the password database's idea of it)."""
-    env = os.environ if environ is None else environ
-    return Path(env.get("HOME") or os.path.expanduser("~"))
-
-
-def qwen_home(environ: Mapping[str, str] | None = None) -> Path:
-    """``~/.qwen`` (``QWEN_HOME`` overrides, as Qwen Code allows)."""
-    env = os.environ if environ is None else environ
-    q = env.get("QWEN_HOME")
-    return Path(q).expanduser() if q else home_dir(env) / ".qwen"

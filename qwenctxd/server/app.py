@@ -11,6 +11,7 @@ and pid file removed, exit 0. A second signal exits at once.
 
 from __future__ import annotations
 
+import functools
 import gc
 import os
 import resource
@@ -142,7 +143,7 @@ class Daemon:
             self.tasks.attach(tg)
             tg.start_soon(self._signals)
             await tg.start(self.hub.run)
-            await tg.start(self.config.run, self.hub)
+            await tg.start(functools.partial(self.config.run, self.hub, tasks=self.tasks))
             await self.sessions.start()
             async with anyio.create_task_group() as conns:
                 await conns.start(self._accept, conns)

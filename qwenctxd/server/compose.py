@@ -91,7 +91,7 @@ def build_services(config: ConfigStore, *, state: Path, bump: Callable[[str], No
                            projects=projects)
     audit = AuditLog(state)
     extractor = Extractor(memory, audit, tasks, the_model)
-    reviewer = SkillReviewer(audit=audit)
+    reviewer = SkillReviewer(audit=audit, home=projects.home, qwen_dir=projects.qwen_home)
     speculation = SpeculationManager()
     background = Background(config=config, tasks=tasks, model=model, memory=memory,
                             instructions=instructions, audit=audit, extractor=extractor,

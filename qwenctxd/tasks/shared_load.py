@@ -118,6 +118,13 @@ class SharedLoads(Generic[K, V]):
                 return value  # type: ignore[return-value]
 
     # -- writing ------------------------------------------------------------------------------
+    def publish(self, key: K, value: V) -> None:
+        """Publish a value the caller built itself (a synchronous lookup); loads already
+        started for ``key`` will not overwrite it."""
+        slot = self._slots.setdefault(key, _Slot())
+        slot.epoch += 1
+        slot.value, slot.has_value = value, True
+
     def invalidate(self, key: K) -> None:
         """Drop the value; loads already started for ``key`` will not publish theirs."""
         slot = self._slots.get(key)

@@ -1,7 +1,8 @@
 """WatchedCache: a value per key (a project, a cwd), kept fresh by the watch hub.
 
 The one implementation of "cache per project, invalidated by watchers, re-checked once the
-watches are live" used by the instructions, git, skills and memory subsystems. A load returns a
+watches are live", used by the project registry, the config store and the instructions, git,
+skills and memory subsystems. A load returns a
 :class:`Watched`: the value, the directories to watch (an explicit, non-recursive set, as the
 :class:`~qwenctxd.watch.WatchHub` wants), a filter for the events that matter, and optionally a
 ``changed`` check. Then:
@@ -13,6 +14,9 @@ watches are live" used by the instructions, git, skills and memory subsystems. A
 * once the hub reports its watches live, ``changed()`` runs in a worker thread; True (an edit
   landed between reading and watching) makes the key stale too, unless a newer value was
   published meanwhile;
+* a value that must be had without awaiting (a cwd's project, a project's settings) is built
+  by the caller and handed to :meth:`publish`; from there it is watched and re-checked the same
+  way;
 * stale means :meth:`invalidate` (the next ``get`` loads again), or the ``on_stale`` callback
   when the subsystem refreshes in the background instead (skills, memory: debounced reloads and
   a change event).
@@ -57,11 +61,14 @@ class _Entry(Generic[V]):
 
 
 class WatchedCache(Generic[K, V]):
-    """Per-key values loaded once, shared, watched; see the module docstring."""
+    """Per-key values loaded once, shared, watched; see the module docstring.
+
+    Without a hub (a service built standalone, outside a daemon) nothing is watched: a value
+    lives until :meth:`invalidate`."""
 
     def __init__(
         self,
-        hub: WatchHub,
+        hub: WatchHub | None,
         tasks: TaskRegistry | None,
         kind: str,
         *,
@@ -108,7 +115,24 @@ class WatchedCache(Generic[K, V]):
         entry = await self._loads.reload(key, self._wrap(key, load))
         return entry.value
 
+    async def live(self) -> None:
+        """Return once the hub has registered every watch asked for so far (a start-up that
+        must re-read what changed before its watches existed)."""
+        if self._hub is not None:
+            await self._hub.wait_synced()
+
     # -- writing ------------------------------------------------------------------------------
+    def publish(self, key: K, watched: Watched[V]) -> None:
+        """Publish a value built synchronously by the caller, and watch it like a load's.
+
+        For lookups that must answer without awaiting (a project's root on every request, its
+        settings from a worker thread): the caller builds ``watched`` itself; from here on it
+        is the same as a load — watched at once, re-checked once the watches are live. Call
+        from the event-loop thread."""
+        entry = _Entry(watched.value, watched)
+        self._loads.publish(key, entry)
+        self._after_load(key, self._loads.epoch(key), entry)
+
     def invalidate(self, key: K) -> None:
         """Drop the value; loads already started will not publish theirs."""
         self._loads.invalidate(key)
@@ -116,7 +140,8 @@ class WatchedCache(Generic[K, V]):
     def forget(self, key: K) -> None:
         """Invalidate, stop watching and drop the key's bookkeeping."""
         self._loads.forget(key)
-        self._hub.unwatch(self._watch_key(key))
+        if self._hub is not None:
+            self._hub.unwatch(self._watch_key(key))
 
     def stale(self, key: K) -> None:
         """What a relevant change does: the subsystem's refresh, else an invalidation."""
@@ -143,15 +168,20 @@ class WatchedCache(Generic[K, V]):
             epoch = self._loads.epoch(key)
             watched = await load()
             entry = _Entry(watched.value, watched)
-            self._watch(key, watched)  # nothing awaited between the load and the watch
-            if watched.changed is not None and self._loads.epoch(key) == epoch:
-                self._schedule_verify(key, entry)
+            self._after_load(key, epoch, entry)  # nothing awaited between the load and this
             return entry
 
         return run
 
+    def _after_load(self, key: K, epoch: int, entry: _Entry[V]) -> None:
+        self._watch(key, entry.watched)
+        if entry.watched.changed is not None and self._loads.epoch(key) == epoch:
+            self._schedule_verify(key, entry)
+
     def _watch(self, key: K, watched: Watched[V]) -> None:
-        relevant = watched.relevant
+        hub, relevant = self._hub, watched.relevant
+        if hub is None:
+            return
 
         async def on_change(changes: set[FileChange] | set[tuple[Any, str]]) -> None:
             for _, raw in changes:
@@ -161,19 +191,19 @@ class WatchedCache(Generic[K, V]):
                     return
 
         if watched.dirs:
-            self._hub.watch(self._watch_key(key), watched.dirs, on_change)
+            hub.watch(self._watch_key(key), watched.dirs, on_change)
         else:
-            self._hub.unwatch(self._watch_key(key))
+            hub.unwatch(self._watch_key(key))
 
     def _schedule_verify(self, key: K, entry: _Entry[V]) -> None:
-        tasks = self._tasks
+        tasks, hub = self._tasks, self._hub
         changed = entry.watched.changed
-        if tasks is None or not tasks.accepting or changed is None:
+        if tasks is None or hub is None or not tasks.accepting or changed is None:
             return
 
         async def verify() -> None:
             with anyio.move_on_after(VERIFY_WAIT_S):
-                await self._hub.wait_synced()
+                await hub.wait_synced()
             if await anyio.to_thread.run_sync(changed) and self._loads.peek(key) is entry:
                 self.stale(key)
 
