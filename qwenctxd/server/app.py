@@ -18,7 +18,7 @@ import resource
 import signal
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,7 @@ from qwenctxd.server.connection import Connection
 from qwenctxd.server.dispatch import Dispatcher, error_frame
 from qwenctxd.server.lock import PidLock
 from qwenctxd.tasks import TaskRecord
+from qwenctxd.tasks.supervise import supervise
 
 log = structlog.get_logger("qwenctxd.daemon")
 
@@ -108,6 +109,10 @@ class Daemon:
     def uptime_s(self) -> float:
         return time.monotonic() - self.started_monotonic
 
+    async def _supervised(self, name: str, loop: Callable[[], Awaitable[None]]) -> None:
+        """A life-long loop whose crash is logged and counted (``loop_crashes``), never fatal."""
+        await supervise(name, loop, on_crash=lambda _name: self.bump("loop_crashes"))
+
     def bump(self, counter: str, n: int = 1) -> None:
         """Increment a debug counter shown in ``daemon.status`` (tests and benches read them)."""
         self.counters[counter] = self.counters.get(counter, 0) + n
@@ -156,8 +161,8 @@ class Daemon:
                     version=__version__,
                     activated=self.activated_fd is not None,
                 )
-                tg.start_soon(self.background.idle_loop)
-                tg.start_soon(self.sessions.idle_close_loop)
+                tg.start_soon(self._supervised, "idle-dream", self.background.idle_loop)
+                tg.start_soon(self._supervised, "idle-close", self.sessions.idle_close_loop)
                 if self.model.configured:  # the ~1 s openai import, off the first request
                     tg.start_soon(self._warm_model)
                 # start-up garbage is permanent: keep the collector from rescanning it
@@ -165,7 +170,8 @@ class Daemon:
                 gc.freeze()
                 interval = systemd.watchdog_interval_s()
                 if interval:
-                    tg.start_soon(self._watchdog, interval)
+                    tg.start_soon(self._supervised, "watchdog",
+                                  functools.partial(self._watchdog, interval))
                 await self._stop.wait()
                 await self._finish_shutdown()
                 conns.cancel_scope.cancel()
