@@ -100,3 +100,23 @@ def test_no_attribute_patching_or_global_registries_in_the_composition() -> None
                         and target.value.value.id == "self"):
                     patched.append(f"app.py:{node.lineno}")
     assert patched == []
+
+
+def test_clients_name_methods_through_the_table() -> None:
+    """qwenctl, its MCP server and proxy call the daemon with ``methods.X`` (the table entry
+    carrying the params and result types), never with a bare method-name string."""
+    from qwenctxd.protocol import methods
+
+    names = set(methods.METHODS) | set(methods.DEBUG_METHODS)
+    found = []
+    for path in sorted(CLIENTS.rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                      if isinstance(node, ast.Module | ast.FunctionDef | ast.AsyncFunctionDef
+                                    | ast.ClassDef)
+                      and node.body and isinstance(node.body[0], ast.Expr)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and node.value in names \
+                    and id(node) not in docstrings:
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.value!r}")
+    assert found == []

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from qwenctl import context_cmds, session_cmds
 from qwenctl.cmdutil import add_session_args, command_cwd
 from qwenctl.daemon_link import EXIT_DAEMON_ERROR, EXIT_OK
+from qwenctxd.protocol import methods
 
 if TYPE_CHECKING:
     from qwenctl.cli import Ctx
@@ -37,14 +38,14 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
 def _compress(ctx: Ctx, row: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
     sid = row["session_id"]
     if row.get("open"):
-        return ctx.call("session.compress", params)  # type: ignore[no-any-return]
-    ctx.call("session.open", {"cwd": row["cwd"], "model": session_cmds.UNKNOWN_MODEL,
-                              "session_id": sid, "resume": True})
+        return ctx.call(methods.SESSION_COMPRESS, params)  # type: ignore[no-any-return]
+    ctx.call(methods.SESSION_OPEN, {"cwd": row["cwd"], "model": session_cmds.UNKNOWN_MODEL,
+                                    "session_id": sid, "resume": True})
     try:
-        return ctx.call("session.compress", params)  # type: ignore[no-any-return]
+        return ctx.call(methods.SESSION_COMPRESS, params)  # type: ignore[no-any-return]
     finally:
         try:
-            ctx.call("session.close", {"session_id": sid})
+            ctx.call(methods.SESSION_CLOSE, {"session_id": sid})
         except Exception as exc:  # noqa: BLE001 - the answer matters more than the cleanup
             sys.stderr.write(f"qwenctl: warning: could not close session {sid} again: {exc}\n")
 
@@ -62,7 +63,7 @@ def cmd_compress(ctx: Ctx) -> int:
                      "(see `qwenctl sessions --all`)")
     else:
         try:
-            row = session_cmds.resolve(ctx.call("session.list", {})["sessions"], a.session)
+            row = session_cmds.resolve(ctx.call(methods.SESSION_LIST, {})["sessions"], a.session)
         except session_cmds.Resolve as exc:
             return session_cmds._fail(ctx, str(exc), matches=exc.matches)  # noqa: SLF001
     params: dict[str, Any] = {"session_id": row["session_id"],

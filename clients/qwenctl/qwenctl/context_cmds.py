@@ -68,7 +68,7 @@ def cmd_context(ctx: Ctx) -> int:
                                        ctx.args.session)
         except session_cmds.Resolve as exc:
             return session_cmds._fail(ctx, str(exc), matches=exc.matches)  # noqa: SLF001
-    res = session_cmds._with_open_session(ctx, row, "session.context")  # noqa: SLF001
+    res = session_cmds.with_open_session(ctx, row, methods.SESSION_CONTEXT)
     if ctx.args.json:
         emit_json(res)
         return EXIT_OK

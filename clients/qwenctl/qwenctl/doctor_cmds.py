@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from qwenctl.daemon_link import EXIT_DAEMON_ERROR, EXIT_OK, EXIT_UNREACHABLE, Unreachable
 from qwenctxd.client import ClientError, RemoteError
 from qwenctxd.paths import socket_path
+from qwenctxd.protocol import methods
 
 if TYPE_CHECKING:
     from qwenctl.cli import Ctx
@@ -52,7 +53,7 @@ def _check(name: str, status: str, summary: str, **details: Any) -> dict[str, An
 def check_socket(ctx: Ctx) -> tuple[dict[str, Any], dict[str, Any] | None]:
     path = socket_path(ctx.args.socket)
     try:
-        st = ctx.call("daemon.status", autostart=False)
+        st = ctx.call(methods.DAEMON_STATUS, autostart=False)
     except Unreachable:
         return _check("socket", "problem", f"no daemon answers at {path}; start it with "
                       "`qwenctxd`, `systemctl --user start qwenctxd` or any qwenctl command",
@@ -109,7 +110,7 @@ def check_config(st: dict[str, Any]) -> dict[str, Any]:
 
 
 def check_model(ctx: Ctx) -> dict[str, Any]:
-    p = ctx.call("model.probe", {"timeout_s": ctx.args.probe_timeout}, autostart=False)
+    p = ctx.call(methods.MODEL_PROBE, {"timeout_s": ctx.args.probe_timeout}, autostart=False)
     src = p.get("sources") or {}
     details = {k: p.get(k) for k in ("base_url", "model", "fast_model", "api_key_set",
                                      "reachable", "models")}

@@ -201,7 +201,7 @@ def build_server(link: "DaemonLink", cwd: str | None) -> Any:
         """Recall the saved memories (user preferences, feedback, project facts, references)
         relevant to `query`; returns them as text, or says that none is relevant."""
         where = await project.resolve(ctx.session)
-        return render_recall(query, await daemon("memory.recall",
+        return render_recall(query, await daemon(methods.MEMORY_RECALL,
                                                  {"cwd": where, "query": query}))
 
     @server.tool(structured_output=False)  # text only: no duplicate {"result": …} copy
@@ -215,9 +215,9 @@ def build_server(link: "DaemonLink", cwd: str | None) -> Any:
         user (every project), team (committed in the repository; refused if it holds a
         secret)."""
         where = await project.resolve(ctx.session)
-        saved = await daemon("memory.save", {"cwd": where, "type": type, "name": name,
-                                             "description": description, "body": body,
-                                             "scope": scope})
+        saved = await daemon(methods.MEMORY_SAVE, {"cwd": where, "type": type, "name": name,
+                                                   "description": description, "body": body,
+                                                   "scope": scope})
         return str(saved["path"])
 
     @server.tool(structured_output=False)  # text only: no duplicate {"result": …} copy
@@ -226,22 +226,22 @@ def build_server(link: "DaemonLink", cwd: str | None) -> Any:
         paths). With `paths` (taken from that list): remove those memories."""
         where = await project.resolve(ctx.session)
         if paths:
-            out = await daemon("memory.forget", {"cwd": where, "paths": paths})
+            out = await daemon(methods.MEMORY_FORGET, {"cwd": where, "paths": paths})
             return render_removed(out["removed"])
-        out = await daemon("memory.forget_candidates", {"cwd": where, "query": query})
+        out = await daemon(methods.MEMORY_FORGET_CANDIDATES, {"cwd": where, "query": query})
         return render_candidates(query, out["candidates"])
 
     @server.tool(structured_output=False)  # text only: no duplicate {"result": …} copy
     async def list_skills(ctx: Context) -> str:
         """List the skills available in this project (name, level, description)."""
         where = await project.resolve(ctx.session)
-        return render_skills(await daemon("skills.list", {"cwd": where}))
+        return render_skills(await daemon(methods.SKILLS_LIST, {"cwd": where}))
 
     @server.tool(structured_output=False)  # text only: no duplicate {"result": …} copy
     async def load_skill(name: str, ctx: Context) -> str:
         """Load a skill by name: its instructions, starting with its base directory."""
         where = await project.resolve(ctx.session)
-        return str((await daemon("skills.load", {"cwd": where, "name": name}))["content"])
+        return str((await daemon(methods.SKILLS_LOAD, {"cwd": where, "name": name}))["content"])
 
     @server.tool(structured_output=False)  # text only: no duplicate {"result": …} copy
     async def project_instructions(ctx: Context) -> str:

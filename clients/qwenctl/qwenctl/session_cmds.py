@@ -17,9 +17,11 @@ from typing import TYPE_CHECKING, Any
 from qwenctl import render, render_sessions
 from qwenctl.cmdutil import emit_result, home_dir
 from qwenctl.daemon_link import EXIT_DAEMON_ERROR, EXIT_OK
+from qwenctxd.protocol import methods
 
 if TYPE_CHECKING:
     from qwenctl.cli import Ctx
+    from qwenctxd.protocol.methods import Method
 
 UNKNOWN_MODEL = "unknown"
 
@@ -106,30 +108,31 @@ def resolve(rows: list[dict[str, Any]], ref: str) -> dict[str, Any]:
 
 
 def _row(ctx: Ctx) -> dict[str, Any]:
-    return resolve(ctx.call("session.list", {})["sessions"], ctx.args.session)
+    return resolve(ctx.call(methods.SESSION_LIST, {})["sessions"], ctx.args.session)
 
 
 def _live(ctx: Ctx, session_id: str) -> dict[str, Any] | None:
     """The session's entry in ``daemon.status`` when it is open there."""
-    for s in ctx.call("daemon.status").get("sessions") or []:
+    for s in ctx.call(methods.DAEMON_STATUS).get("sessions") or []:
         if s.get("session_id") == session_id:
             return dict(s)
     return None
 
 
-def _with_open_session(ctx: Ctx, row: dict[str, Any], method: str) -> dict[str, Any]:
+def with_open_session(ctx: Ctx, row: dict[str, Any], method: Method[Any, Any]
+                      ) -> dict[str, Any]:
     """Call ``method {session_id}``; a session not open in the daemon is resumed for the call
     and closed again after it."""
     sid = row["session_id"]
     if row.get("open"):
         return ctx.call(method, {"session_id": sid})  # type: ignore[no-any-return]
-    ctx.call("session.open", {"cwd": row["cwd"], "model": row.get("model") or UNKNOWN_MODEL,
-                              "session_id": sid, "resume": True})
+    ctx.call(methods.SESSION_OPEN, {"cwd": row["cwd"], "model": row.get("model") or UNKNOWN_MODEL,
+                                    "session_id": sid, "resume": True})
     try:
         return ctx.call(method, {"session_id": sid})  # type: ignore[no-any-return]
     finally:
         try:
-            ctx.call("session.close", {"session_id": sid})
+            ctx.call(methods.SESSION_CLOSE, {"session_id": sid})
         except Exception as exc:  # noqa: BLE001 - the answer matters more than the cleanup
             _err(f"warning: could not close session {sid} again: {exc}")
 
@@ -149,11 +152,11 @@ def cmd_list(ctx: Ctx) -> int:
     a = ctx.args
     home = home_dir()
     if getattr(a, "all", False):
-        res = ctx.call("session.list", {})
+        res = ctx.call(methods.SESSION_LIST, {})
         title = "sessions (all projects)"
     else:
         cwd = os.path.abspath(a.cwd) if getattr(a, "cwd", None) else os.getcwd()
-        res = ctx.call("session.list", {"cwd": cwd})
+        res = ctx.call(methods.SESSION_LIST, {"cwd": cwd})
         title = f"sessions in {render.short_path(cwd, None, home)}"
     if a.json:
         emit_json(res)
@@ -168,7 +171,7 @@ def cmd_show(ctx: Ctx) -> int:
     row = _row(ctx)
     live = _live(ctx, row["session_id"]) if row.get("open") else None
     messages = getattr(ctx.args, "messages", False)
-    tr = ctx.call("session.transcript", {"session_id": row["session_id"]}) if messages else None
+    tr = ctx.call(methods.SESSION_TRANSCRIPT, {"session_id": row["session_id"]}) if messages else None
     if ctx.args.json:
         emit_json({**row, "live": live, **({"transcript": tr} if tr is not None else {})})
     else:
@@ -185,7 +188,7 @@ def cmd_recap(ctx: Ctx) -> int:
     from qwenctl.cli import emit_json
 
     row = _row(ctx)
-    res = _with_open_session(ctx, row, "session.recap")
+    res = with_open_session(ctx, row, methods.SESSION_RECAP)
     status = res.get("status")
     if ctx.args.json:
         emit_json(res)
@@ -215,7 +218,7 @@ def cmd_delete(ctx: Ctx) -> int:
         answer = sys.stdin.readline().strip().lower()
         if answer not in ("y", "yes"):
             return _fail(ctx, "not deleted")
-    res = ctx.call("session.delete", {"session_id": sid})
+    res = ctx.call(methods.SESSION_DELETE, {"session_id": sid})
     if ctx.args.json:
         emit_json({"session_id": sid, **res})
     if not res.get("deleted"):
@@ -228,8 +231,8 @@ def cmd_delete(ctx: Ctx) -> int:
 
 def cmd_title(ctx: Ctx) -> int:
     row = _row(ctx)
-    res = ctx.call("session.set_title", {"session_id": row["session_id"],
-                                         "title": " ".join(ctx.args.title)})
+    res = ctx.call(methods.SESSION_SET_TITLE, {"session_id": row["session_id"],
+                                               "title": " ".join(ctx.args.title)})
     emit_result(ctx, res, f"{res['session_id'][:8]}  {res['title']}")
     return EXIT_OK
 
@@ -238,7 +241,7 @@ def cmd_summary(ctx: Ctx) -> int:
     from qwenctl.cli import emit_json
 
     row = _row(ctx)
-    res = _with_open_session(ctx, row, "session.project_summary")
+    res = with_open_session(ctx, row, methods.SESSION_PROJECT_SUMMARY)
     if ctx.args.json:
         emit_json(res)
         return EXIT_OK
