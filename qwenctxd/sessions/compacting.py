@@ -67,7 +67,7 @@ class Compactor:
             self.micro_compact(s, events, trigger=trigger, keep=idle.tool_results_num_to_keep)
 
     def micro_compact(self, s: Session, events: Events, *, trigger: str, keep: int,
-               strip_reasoning: bool = False) -> int:
+                      strip_reasoning: bool = False) -> int:
         r = micro.micro_compact(s.history.messages, keep=keep, trigger=trigger,  # type: ignore[arg-type]
                                 strip_reasoning=strip_reasoning, image_tokens=s.history.image_tokens)
         if r.messages is s.history.messages:
@@ -109,7 +109,7 @@ class Compactor:
             # the window is about to overflow and no summary came: shed tool output instead
             keep = self.settings(s).context.clear_context_on_idle.tool_results_num_to_keep
             saved = self.micro_compact(s, events, trigger="force", keep=max(1, min(keep, 2)),
-                                strip_reasoning=True)
+                                       strip_reasoning=True)
             events.append(ev.HardFallback(tokens_saved=saved))
         elif result.status not in ("compressed", "noop"):
             # the summary failed (its deadline passed, the endpoint failed, the output was
