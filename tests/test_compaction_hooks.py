@@ -23,6 +23,7 @@ from qwenctxd.compaction.hooks import (
 from qwenctxd.compaction.post_compact import CompressionResult, compress
 from qwenctxd.config.schema import ModelEndpoint
 from qwenctxd.model import ModelClient
+from qwenctxd.protocol.turn_events import HookRan
 from qwenctxd.testing.openai_stub import Reply, ScriptedOpenAI
 
 SNAPSHOT = "<state_snapshot>\n<current_work>Parser fix.</current_work>\n</state_snapshot>"
@@ -143,7 +144,7 @@ async def test_pre_compact_context_reaches_the_summary_request(
         "custom_instructions": "",
     }
     [ev] = result.hook_events
-    assert ev["type"] == "hook" and ev["hook"] == "PreCompact" and ev["status"] == "ok"
+    assert isinstance(ev, HookRan) and ev.hook == "PreCompact" and ev.status == "ok"
 
 
 @pytest.mark.asyncio
@@ -178,7 +179,7 @@ async def test_slow_hook_is_killed_and_compaction_succeeds(
     assert time.monotonic() - started < 8
     assert result.status == "compressed"
     [ev] = result.hook_events
-    assert ev["status"] == "timeout" and ev["hook"] == "PreCompact" and ev["timeout_s"] == 1
+    assert ev.status == "timeout" and ev.hook == "PreCompact" and ev.timeout_s == 1
     assert "too-late" not in _system_text(openai_stub)
     assert "Additional instructions" not in _system_text(openai_stub)
     pgid = int(pidfile.read_text())
@@ -198,7 +199,7 @@ async def test_failing_hook_is_reported_and_ignored(
     result = await _compress(openai_stub, tmp_path, _cfg("PreCompact", cmd))
     assert result.status == "compressed"
     [ev] = result.hook_events
-    assert ev["status"] == "failed" and ev["exit_code"] == 3 and ev["stderr"] == "boom"
+    assert ev.status == "failed" and ev.exit_code == 3 and ev.stderr == "boom"
     assert "do not use this" not in _system_text(openai_stub)
 
 
@@ -216,7 +217,7 @@ async def test_post_compact_receives_stripped_summary(
     assert event["trigger"] == "manual" and event["session_id"] == "sess-1"
     assert event["summary"] == SNAPSHOT and "private draft" not in event["summary"]
     [ev] = result.hook_events
-    assert ev["hook"] == "PostCompact" and ev["status"] == "ok"
+    assert ev.hook == "PostCompact" and ev.status == "ok"
 
 
 @pytest.mark.asyncio
@@ -238,7 +239,7 @@ async def test_failing_post_hook_never_raises(tmp_path: Path) -> None:
         _cfg("PostCompact", "exit 1", "definitely-not-a-command-xyz"),
         trigger="auto", session_id="s", cwd=tmp_path, summary="s",
     )  # fmt: skip
-    assert [e["status"] for e in run.events] == ["failed", "failed"]
+    assert [e.status for e in run.events] == ["failed", "failed"]
     assert run.additional_instructions is None
 
 

@@ -42,7 +42,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 import structlog
@@ -181,6 +181,19 @@ class ReviewResult:
 # -- the reviewer -------------------------------------------------------------------------------
 
 
+class CountsToolCalls(Protocol):
+    """What the review reads of a session's turn state: the tool results it has seen."""
+
+    tool_calls_seen: int
+
+
+class ReviewedSession(Protocol):
+    """The part of a session the review's threshold needs (a ``sessions.state.Session``)."""
+
+    id: str
+    turn: CountsToolCalls
+
+
 class SkillReviewer:
     """Gates, schedules and runs skill reviews; handles the staged drafts. One per daemon."""
 
@@ -213,8 +226,8 @@ class SkillReviewer:
             pass
         return root
 
-    def calls_since_review(self, session: Any) -> int:
-        seen = int(getattr(session, "tool_calls_seen", 0) or 0)
+    def calls_since_review(self, session: ReviewedSession) -> int:
+        seen = session.turn.tool_calls_seen
         base = self._baseline.get(session.id, 0)
         if base > seen:  # the session was reopened and counts from 0 again
             base = self._baseline[session.id] = 0
@@ -262,7 +275,7 @@ class SkillReviewer:
         self.audit = self.audit or audit
         key = str(root)
         self._running.add(key)
-        self._baseline[session.id] = int(getattr(session, "tool_calls_seen", 0) or 0)
+        self._baseline[session.id] = session.turn.tool_calls_seen
         history = [dict(m) for m in session.history.messages]
         used = sorted(session.deliveries.skills_used)
         session_id, cwd = session.id, Path(session.cwd)

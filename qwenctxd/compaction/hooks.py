@@ -15,7 +15,8 @@ either plain text or JSON carrying ``additionalContext`` (top level or under
 ``hookSpecificOutput``); the collected text is sanitised (control characters removed, ``<``/``>``
 replaced so it cannot open or close prompt tags) and capped at 4 000 characters. A non-zero exit
 is reported as ``failed`` and its output ignored. Nothing here raises for a hook's behaviour:
-every outcome is an event dict in :attr:`HookRun.events`.
+every outcome is a :class:`~qwenctxd.protocol.turn_events.HookRan` event in
+:attr:`HookRun.events`.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ import anyio
 import anyio.abc
 import msgspec
 import structlog
+
+from qwenctxd.protocol.turn_events import HookRan
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
@@ -59,7 +62,7 @@ class HookRun(msgspec.Struct, kw_only=True):
     """What running one event's hooks produced."""
 
     additional_instructions: str | None = None
-    events: list[dict[str, Any]] = msgspec.field(default_factory=list)
+    events: list[HookRan] = msgspec.field(default_factory=list)
 
 
 class _Command(msgspec.Struct, frozen=True):
@@ -226,21 +229,17 @@ async def _run_command(cmd: _Command, payload: bytes, cwd: str | None) -> _Outco
     )
 
 
-def _event(hook: str, cmd: _Command, res: _Outcome) -> dict[str, Any]:
-    event: dict[str, Any] = {
-        "type": "hook",
-        "hook": hook,
-        "command": cmd.command if len(cmd.command) <= 200 else cmd.command[:200] + "…",
-        "status": res.status,
-        "elapsed_ms": res.elapsed_ms,
-    }
-    if res.exit_code is not None:
-        event["exit_code"] = res.exit_code
-    if res.status == "timeout":
-        event["timeout_s"] = cmd.timeout_s
-    if res.status != "ok" and res.stderr.strip():
-        event["stderr"] = sanitize_instructions(res.stderr[-_STDERR_TAIL:], _STDERR_TAIL)
-    return event
+def _event(hook: str, cmd: _Command, res: _Outcome) -> HookRan:
+    return HookRan(
+        hook=hook,
+        command=cmd.command if len(cmd.command) <= 200 else cmd.command[:200] + "…",
+        status=res.status,
+        elapsed_ms=res.elapsed_ms,
+        exit_code=res.exit_code,
+        timeout_s=cmd.timeout_s if res.status == "timeout" else None,
+        stderr=(sanitize_instructions(res.stderr[-_STDERR_TAIL:], _STDERR_TAIL)
+                if res.status != "ok" and res.stderr.strip() else None),
+    )
 
 
 async def _run_all(

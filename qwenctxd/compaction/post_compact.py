@@ -40,6 +40,7 @@ from qwenctxd.compaction.prompts import ACK_TEXT, RESUME_TRAILER
 from qwenctxd.compaction.summary import Trigger, strip_analysis, summarize
 from qwenctxd.fsutil import open_regular
 from qwenctxd.instructions.tool_roles import QWEN_FILE_TOOLS
+from qwenctxd.protocol.turn_events import HookRan
 from qwenctxd.tokens import CHARS_PER_TOKEN, estimate_tokens
 
 if TYPE_CHECKING:
@@ -92,7 +93,7 @@ class CompressionResult(msgspec.Struct, kw_only=True):
     tokens_after: int
     summary: str = ""
     info: AttachmentInfo = msgspec.field(default_factory=AttachmentInfo)
-    hook_events: list[dict[str, Any]] = msgspec.field(default_factory=list)
+    hook_events: list[HookRan] = msgspec.field(default_factory=list)
     error: str | None = None
 
 
@@ -409,15 +410,13 @@ PostHook = Callable[[str], Awaitable[HookRun]]
 
 
 async def _run_hook(
-    name: str, fn: Callable[[], Awaitable[HookRun]], events: list[dict[str, Any]]
+    name: str, fn: Callable[[], Awaitable[HookRun]], events: list[HookRan]
 ) -> HookRun | None:
     try:
         run = await fn()
     except Exception as exc:  # a hook runner bug must not block compaction
         log.warning("compaction_hook_error", hook=name, error_type=type(exc).__name__)
-        events.append(
-            {"type": "hook", "hook": name, "status": "error", "error": type(exc).__name__}
-        )
+        events.append(HookRan(hook=name, status="error", error=type(exc).__name__))
         return None
     events.extend(run.events)
     return run
@@ -454,7 +453,7 @@ async def compress(
     summary, or when ``estimate_history(new) >= tokens_before`` (``failed_inflated``), the
     original ``history`` object is returned unchanged with ``tokens_after == tokens_before``.
     """
-    events: list[dict[str, Any]] = []
+    events: list[HookRan] = []
 
     def unchanged(status: str, error: str | None = None, summary: str = "") -> CompressionResult:
         return CompressionResult(

@@ -96,6 +96,8 @@ class AssembledPrompt(msgspec.Struct, kw_only=True):
     tools: list[dict[str, Any]]
     reminders: list[Reminder]
     usage: Usage
+    # turn_events Structs as objects (turn_events.parse); plain here so an unknown type from a
+    # newer daemon never fails the reply
     events: list[dict[str, Any]]
     prefix_hash: str
     session_id: str = ""
@@ -150,7 +152,7 @@ class CompressResult(msgspec.Struct, kw_only=True):
     status: str
     tokens_before: int
     tokens_after: int
-    events: list[dict[str, Any]] = msgspec.field(default_factory=list)
+    events: list[dict[str, Any]] = msgspec.field(default_factory=list)  # as AssembledPrompt's
 
 
 class ListParams(Params):

@@ -1,10 +1,14 @@
 """Typed ``events`` entries of ``session.turn`` (``AssembledPrompt.events``) and
 ``session.compress`` (``CompressResult.events``).
 
-On the wire an event stays an object with a ``type`` member (docs/protocol.md "Events");
+One Struct per event, used on both sides. The daemon builds these (a ``list[Event]`` while a
+turn runs) and :func:`to_wire` turns them into the objects sent: an object with a ``type``
+member (docs/protocol.md "Events"), every member always sent (a null ``cause`` too), except
+:class:`HookRan`, whose optional members are left out when unset. On the client side
 :func:`parse` turns one into its Struct, :func:`parse_all` a list. A type this module does not
 know yet (a newer daemon) comes back as the plain dict, so clients keep working; extra fields
-are ignored.
+are ignored. The result structs keep ``events`` as plain objects on the wire types for that
+reason (an unknown tag must not fail the whole reply).
 """
 
 from __future__ import annotations
@@ -77,10 +81,13 @@ class UsageWarning(Event, kw_only=True, tag="usage"):
     prompt_tokens: int
 
 
-class HookRan(Event, kw_only=True, tag="hook"):
+class HookRan(Event, kw_only=True, tag="hook", omit_defaults=True):
+    """A PreCompact / PostCompact command's outcome; a hook runner failure has only
+    ``error``."""
+
     hook: str
-    status: str
     command: str | None = None
+    status: str
     elapsed_ms: int | None = None
     exit_code: int | None = None
     timeout_s: float | None = None
@@ -94,6 +101,11 @@ EVENT_TYPES: dict[str, type[Event]] = {
                 MicroCompacted, HardFallback, ToolCallsAbandoned, UserTurnMerged,
                 DuplicateToolResult, UsageWarning, HookRan)
 }
+
+
+def to_wire(events: list[Event]) -> list[dict[str, Any]]:
+    """The objects sent for ``events`` (the ``events`` member of a turn or compress reply)."""
+    return msgspec.to_builtins(events)  # type: ignore[no-any-return]
 
 
 def parse(event: dict[str, Any]) -> Event | dict[str, Any]:

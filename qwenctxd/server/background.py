@@ -63,7 +63,7 @@ class Background:
         scheduled: list[str] = []
         req = ExtractRequest(session_id=session.id, cwd=session.cwd,
                              history=list(session.history.messages),
-                             wrote_memory=session.memory_written_this_turn)
+                             wrote_memory=session.turn.memory_written_this_turn)
         ok, _reason = self.extractor.schedule(req)
         if ok:
             scheduled.append("extract")

@@ -375,7 +375,7 @@ class SessionManager:
             for m in messages:
                 s.append(m)
                 self.record(s, m)
-            s.user_turn_open = not complete
+            s.turn.adopted(complete=complete)
 
     def on_user_turn_complete(self, s: Session) -> list[str]:
         """Hook for background work after a user-query turn (extraction, dream: issue 7)."""

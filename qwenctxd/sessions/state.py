@@ -8,6 +8,13 @@
 * :class:`UsageAnchor` — the API-anchored prompt-token figure.
 * :class:`CompactionState` — the breaker, the image-overflow count, the last usage level.
 * :class:`Deliveries` — touched paths and what rules, skills and memory have been delivered.
+* :class:`TurnState` — the agent loop's turn bookkeeping: whether a user turn is open, whether
+  the main agent wrote memory in it, the tool results seen, the calls the daemon answered.
+
+What stays on :class:`Session` itself: identity (id, cwd, project root, model, env, title),
+the transcript (path, writer and its fsync pacing ``last_flush``), the lock, and the activity
+clock (``started_at``, ``updated_at``, ``last_model_reply_at``; see :class:`TurnState` for why
+the last reply's time is not turn state).
 
 Token accounting: the prompt count the client reports for a model reply (``record_model``
 usage) is authoritative for everything up to that reply; later messages, and any change in
@@ -238,6 +245,66 @@ class Deliveries:
 
 
 @dataclass
+class TurnState:
+    """Where the agent loop stands in the current user turn, and what it counts across turns.
+
+    * ``user_turn_open`` — a user turn began (``session.turn`` kind ``user``) and no reply
+      without tool calls has finished it yet. :meth:`begin_user_turn` opens it;
+      :meth:`finish_user_turn` (a complete reply), :meth:`rewound` and :meth:`adopted` (an
+      accepted speculation) close it. Background work after a turn runs only for an open one.
+    * ``memory_written_this_turn`` — a reply of the open user turn wrote a memory file (the
+      extraction then stands down); :meth:`begin_user_turn` clears it.
+    * ``tool_calls_seen`` — tool results received since the session opened in this daemon
+      (the skill review counts from it); no turn resets it.
+    * ``daemon_answered`` — the calls the daemon answered itself (its ``skill`` tool), so a
+      client's duplicate result for one is recognised; bounded, cleared on :meth:`rewound`.
+
+    Not here, on purpose: ``last_model_reply_at`` is the session's activity clock, not turn
+    state — the idle micro-compaction trigger measures the gap from the last reply to the next
+    turn and idle close reads it, so it must survive turn boundaries; it stays on
+    :class:`Session` with ``started_at`` and ``updated_at``. ``last_flush`` paces the
+    transcript's fsync whatever the turn, so it stays next to the writer on :class:`Session`.
+    """
+
+    user_turn_open: bool = False
+    memory_written_this_turn: bool = False
+    tool_calls_seen: int = 0
+    daemon_answered: set[str] = field(default_factory=set)
+
+    def begin_user_turn(self) -> None:
+        """A user turn's message is in the history: the turn is open, no memory written yet."""
+        self.user_turn_open = True
+        self.memory_written_this_turn = False
+
+    def finish_user_turn(self) -> bool:
+        """A reply without tool calls: True when it finished an open user turn (now closed)."""
+        was_open, self.user_turn_open = self.user_turn_open, False
+        return was_open
+
+    def results_received(self, count: int) -> None:
+        self.tool_calls_seen += count
+
+    def wrote_memory(self) -> None:
+        self.memory_written_this_turn = True
+
+    def answered_by_daemon(self, call_id: str, *, limit: int) -> None:
+        """The daemon answered ``call_id`` itself; at most ``limit`` ids are kept."""
+        self.daemon_answered.add(call_id)
+        if len(self.daemon_answered) > limit:
+            self.daemon_answered.discard(next(iter(self.daemon_answered)))
+
+    def rewound(self) -> None:
+        """Turns were taken back: no user turn is open, the daemon's answers are forgotten."""
+        self.user_turn_open = False
+        self.daemon_answered.clear()
+
+    def adopted(self, *, complete: bool) -> None:
+        """Messages produced elsewhere were appended: the user turn stays open unless they
+        completed it."""
+        self.user_turn_open = not complete
+
+
+@dataclass
 class Session:
     id: str
     cwd: Path
@@ -254,15 +321,11 @@ class Session:
     lock: anyio.Lock = field(default_factory=anyio.Lock)
     started_at: float = field(default_factory=time.time)
     updated_at: float = field(default_factory=time.time)
-    last_model_reply_at: float | None = None
-    user_turn_open: bool = False
-    tool_calls_seen: int = 0
-    memory_written_this_turn: bool = False
+    last_model_reply_at: float | None = None  # activity clock (see TurnState)
     title: str | None = None
-    last_flush: float = 0.0
+    last_flush: float = 0.0  # monotonic time of the last transcript fsync job
     deliveries: Deliveries = field(default_factory=Deliveries)
-    # the calls the daemon answered itself (its skill tool)
-    daemon_answered: set[str] = field(default_factory=set)
+    turn: TurnState = field(default_factory=TurnState)
 
     # -- changes that touch several parts ------------------------------------------------------
     def append(self, msg: Message) -> None:

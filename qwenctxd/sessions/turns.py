@@ -5,12 +5,13 @@ order SPEC §S3 gives (image overflow, hard, auto, warn; idle and size micro-com
 delivers reminders inside the new messages (so they stay in history and the message prefix
 stays cache-stable), and returns a prompt whose ``system + tools + messages`` are a valid
 chat-completions body. ``session.record_model`` appends the reply and re-anchors the token
-count on the API's figure.
+count on the API's figure. The compaction steps and ``session.compress`` live in
+``sessions.compacting``; a turn's events are typed (``protocol.turn_events``) until the reply
+is built.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import time
 from typing import Any
@@ -18,17 +19,15 @@ from typing import Any
 import anyio
 import structlog
 
-from qwenctxd.compaction import hooks as hooks_mod
-from qwenctxd.compaction import micro, post_compact
-from qwenctxd.compaction.estimate import history_tokens
 from qwenctxd.compaction.summary import join_content
-from qwenctxd.compaction.thresholds import compute_thresholds as _compute_thresholds
 from qwenctxd.compaction.thresholds import context_left_pct, level
 from qwenctxd.instructions.rules import relative_to_root, rule_reminder
 from qwenctxd.protocol import errors
 from qwenctxd.protocol import session as wire
+from qwenctxd.protocol import turn_events as ev
 from qwenctxd.protocol.instructions import prefix_hash
 from qwenctxd.sessions import records
+from qwenctxd.sessions.compacting import Compactor, Events, compute_thresholds
 from qwenctxd.sessions.content_parts import check_parts
 from qwenctxd.sessions.environment import environment_reminder
 from qwenctxd.sessions.manager import SessionManager
@@ -40,12 +39,12 @@ log = structlog.get_logger("qwenctxd.turns")
 NOT_EXECUTED = "[Tool call not executed: the user sent a new message before it ran]"
 MAX_TOUCHED = 2000
 EXTENSION_FIELDS = ("is_error",)  # kept in history for micro-compaction, never sent
-compute_thresholds = functools.lru_cache(maxsize=256)(_compute_thresholds)  # same per session
 
 
 class TurnPipeline:
     def __init__(self, manager: SessionManager) -> None:
         self.m = manager
+        self.compaction = Compactor(manager)
         self._prefix: dict[tuple[str, int], str] = {}
 
     # -- session.turn ---------------------------------------------------------------------------
@@ -55,7 +54,7 @@ class TurnPipeline:
             raise errors.InvalidParams("known.count must be 0 or more",
                                        data={"field": "known.count", "message": "negative"})
         async with s.lock:
-            events: list[dict[str, Any]] = []
+            events: Events = []
             reminders: list[wire.Reminder] = []
             first_turn = not s.history.messages and p.kind == "user"
             new_msgs = self._incoming(s, p, events)
@@ -86,22 +85,21 @@ class TurnPipeline:
                 self.m.record(s, msg)
             sp = await self.m.system_prompt(s)
             sys_tok = system_tokens(sp.text, s.options.tools)
-            await self._maybe_micro(s, events, sys_tok)
-            await self._maybe_compress(s, events, sys_tok)
+            await self.compaction.maybe_micro(s, events, sys_tok)
+            await self.compaction.maybe_compress(s, events, sys_tok)
             return self._assemble(s, sp.text, sp.prefix_hash, sys_tok, reminders, events,
                                   known=p.known)
 
-    def _incoming(self, s: Session, p: wire.TurnParams, events: list[dict[str, Any]]
+    def _incoming(self, s: Session, p: wire.TurnParams, events: Events
                   ) -> list[dict[str, Any]]:
         pending = s.history.pending_tool_calls()
         out: list[dict[str, Any]] = []
         if p.kind == "tool_results":
             results = []
             for i, r in enumerate(p.tool_results or []):
-                if r.tool_call_id in s.daemon_answered and r.tool_call_id not in pending:
+                if r.tool_call_id in s.turn.daemon_answered and r.tool_call_id not in pending:
                     # the daemon answered this call itself (its skill tool): keep its answer
-                    events.append({"type": "duplicate_tool_result", "tool_call_id": r.tool_call_id,
-                                   "index": i})
+                    events.append(ev.DuplicateToolResult(tool_call_id=r.tool_call_id, index=i))
                     continue
                 results.append((i, r))
             if not results and (pending or not p.tool_results and not self._answered_tail(s)):
@@ -135,7 +133,7 @@ class TurnPipeline:
                     s.compaction.tool_images += sum(1 for part in r.content
                                          if part.get("type") == "image_url")
                 out.append(msg)
-            s.tool_calls_seen += len(results)
+            s.turn.results_received(len(results))
             if p.text:
                 out.append({"role": "user", "content": p.text})
             return out
@@ -144,7 +142,7 @@ class TurnPipeline:
             out.append({"role": "tool", "tool_call_id": call_id, "content": NOT_EXECUTED,
                         "is_error": True})
         if pending:
-            events.append({"type": "tool_calls_abandoned", "tool_call_ids": pending})
+            events.append(ev.ToolCallsAbandoned(tool_call_ids=pending))
         if not (p.text or p.images):
             raise errors.InvalidParams(f"a {p.kind} turn needs text or images",
                                        data={"field": "text", "message": "missing"})
@@ -161,13 +159,12 @@ class TurnPipeline:
             self.m.record(s, {}, subtype=records.SUBTYPE_REWIND, payload={
                 "reason": "user_turn_merged", "removedMessages": 1,
                 "compressedHistory": s.history.messages})
-            events.append({"type": "user_turn_merged"})
+            events.append(ev.UserTurnMerged())
             out.append({"role": "user", "content": join_content(last.get("content"), content)})
         else:
             out.append({"role": "user", "content": content})
         if p.kind == "user":
-            s.user_turn_open = True
-            s.memory_written_this_turn = False
+            s.turn.begin_user_turn()
         return out
 
     async def _rule_reminders(self, s: Session, touched: list[str]) -> list[wire.Reminder]:
@@ -275,149 +272,17 @@ class TurnPipeline:
         else:
             new_msgs.append({"role": "user", "content": parts})  # after tool results
 
-    # -- compaction triggers ---------------------------------------------------------------------
+    # -- compaction --------------------------------------------------------------------------------
     def _settings(self, s: Session):  # type: ignore[no-untyped-def]
         return self.m.instructions.settings_for(s.cwd)
 
-    async def _maybe_micro(self, s: Session, events: list[dict[str, Any]], sys_tok: int) -> None:
-        idle = self._settings(s).context.clear_context_on_idle
-        tool_chars = s.history.tool_chars
-        trigger = micro.should_micro_compact(
-            now=time.time(), last_model_reply_at=s.last_model_reply_at,
-            idle_minutes=idle.tool_results_threshold_minutes, tool_chars=tool_chars,
-            size_threshold=idle.tool_results_total_chars_threshold)
-        if trigger is not None:
-            self._micro(s, events, trigger=trigger, keep=idle.tool_results_num_to_keep)
-
-    def _micro(self, s: Session, events: list[dict[str, Any]], *, trigger: str, keep: int,
-               strip_reasoning: bool = False) -> int:
-        r = micro.micro_compact(s.history.messages, keep=keep, trigger=trigger,  # type: ignore[arg-type]
-                                strip_reasoning=strip_reasoning, image_tokens=s.history.image_tokens)
-        if r.messages is s.history.messages:
-            return 0
-        s.replace_history(r.messages, keep_anchor_delta=r.tokens_saved)
-        self.m.record(s, {}, subtype="micro_compaction", payload={
-            "trigger": trigger, "cleared": r.cleared, "tokensSaved": r.tokens_saved,
-            "compressedHistory": r.messages})
-        events.append({"type": "micro_compacted", "trigger": trigger, "cleared": r.cleared,
-                       "kept": r.kept, "tokens_saved": r.tokens_saved,
-                       "evicted_read_paths": r.evicted_read_paths,
-                       "unresolved_evicted_reads": r.unresolved_evicted_reads})
-        return r.tokens_saved
-
-    async def _maybe_compress(self, s: Session, events: list[dict[str, Any]], sys_tok: int) -> None:
-        cfg = self._settings(s).model.chat_compression
-        tokens, _ = s.estimate(sys_tok)
-        th = compute_thresholds(s.options.window_tokens, s.options.auto_compact_threshold)
-        lvl = level(tokens, th)
-        reason: str | None = None
-        forced = False
-        if cfg.enable_screenshot_trigger and s.compaction.tool_images >= cfg.screenshot_trigger_threshold:
-            reason = "image_overflow"
-        if lvl == "hard":
-            reason, forced = "hard", True
-        elif lvl == "auto" and reason is None:
-            reason = "auto"
-        if reason is None:
-            return
-        if not forced and not s.compaction.breaker.allow(False):
-            events.append({"type": "compression_skipped", "reason": "breaker_open",
-                           "level": lvl, "tokens": tokens})
-            return
-        result = await self.compress(s, trigger="auto", focus=None, sys_tok=sys_tok,
-                                     reason=reason, forced=forced)
-        events.extend(result.events)
-        if reason == "image_overflow" and result.status == "compressed":
-            s.compaction.tool_images = 0
-        if forced and result.status != "compressed":
-            # the window is about to overflow and no summary came: shed tool output instead
-            keep = self._settings(s).context.clear_context_on_idle.tool_results_num_to_keep
-            saved = self._micro(s, events, trigger="force", keep=max(1, min(keep, 2)),
-                                strip_reasoning=True)
-            events.append({"type": "hard_fallback", "tokens_saved": saved})
-        elif result.status not in ("compressed", "noop"):
-            # the summary failed (its deadline passed, the endpoint failed, the output was
-            # unusable): the turn goes on with micro-compaction instead, and says so
-            cause = next((e.get("cause") for e in result.events
-                          if e.get("type") == "compression_failed"), None)
-            keep = self._settings(s).context.clear_context_on_idle.tool_results_num_to_keep
-            saved = self._micro(s, events, trigger="force", keep=keep)
-            events.append({"type": "compression_fallback", "fallback": "micro_compaction",
-                           "status": result.status, "cause": cause, "tokens_saved": saved})
-
     async def compress_now(self, p: wire.CompressParams) -> wire.CompressResult:
-        """``session.compress``: ``fast`` clears old tool output at once (forced
-        micro-compaction, reasoning stripped); ``full`` summarises the history with the model."""
-        s = self.m.get(p.session_id)
-        async with s.lock:
-            sp = await self.m.system_prompt(s)
-            sys_tok = system_tokens(sp.text, s.options.tools)
-            if p.mode != "fast":
-                return await self.compress(s, trigger="manual", focus=p.instructions,
-                                           sys_tok=sys_tok, reason="manual", forced=True)
-            before, _ = s.estimate(sys_tok)
-            events: list[dict[str, Any]] = []
-            keep = self._settings(s).context.clear_context_on_idle.tool_results_num_to_keep
-            saved = self._micro(s, events, trigger="force", keep=keep, strip_reasoning=True)
-            after, _ = s.estimate(sys_tok)
-            return wire.CompressResult(status="compressed" if saved else "noop",
-                                       tokens_before=before, tokens_after=after, events=events)
-
-    async def compress(self, s: Session, *, trigger: str, focus: str | None, sys_tok: int,
-                       reason: str, forced: bool) -> wire.CompressResult:
-        before_total, _ = s.estimate(sys_tok)
-        history_before = before_total - sys_tok
-        settings = self._settings(s)
-        hook_cfg = settings.hooks
-
-        async def pre_hook() -> hooks_mod.HookRun:
-            return await hooks_mod.run_pre_compact(
-                hook_cfg, trigger=trigger, session_id=s.id, cwd=str(s.cwd),
-                transcript_path=str(s.path), custom_instructions=focus)
-
-        async def post_hook(summary: str) -> hooks_mod.HookRun:
-            return await hooks_mod.run_post_compact(
-                hook_cfg, trigger=trigger, session_id=s.id, cwd=str(s.cwd), summary=summary,
-                transcript_path=str(s.path))
-
-        result = await post_compact.compress(
-            self.m.model, s.history.messages, trigger=trigger, focus=focus,
-            workspace_root=s.project_root or s.cwd, tokens_before=history_before,
-            estimate_history=lambda h: history_tokens(h, image_tokens=s.history.image_tokens),
-            pre_hook=pre_hook if hook_cfg.get("PreCompact") else None,
-            post_hook=post_hook if hook_cfg.get("PostCompact") else None,
-            file_tools=s.options.tool_roles.file_tools() if s.options.tool_roles is not None else None,
-            touched_paths=list(s.deliveries.touched),
-            max_files=settings.model.chat_compression.max_recent_files_to_retain,
-            max_images=settings.model.chat_compression.max_recent_images_to_retain,
-        )
-        events: list[dict[str, Any]] = list(result.hook_events)
-        if result.status == "compressed":
-            s.replace_history(result.history)
-            s.compaction.breaker.record(True)
-            self.m.record(s, {}, subtype="chat_compression", payload={
-                "info": {"status": result.status, "trigger": trigger, "reason": reason,
-                         "originalTokenCount": before_total,
-                         "newTokenCount": sys_tok + result.tokens_after},
-                "compressedHistory": result.history})
-            after = sys_tok + result.tokens_after
-            ev = {"type": "compressed", "status": result.status, "trigger": trigger,
-                  "reason": reason, "tokens_before": before_total, "tokens_after": after}
-            events.append(ev)
-            self.m.bus.publish("session/compressed", {"session_id": s.id, **ev})
-        else:
-            s.compaction.breaker.record(False)
-            after = before_total
-            events.append({"type": "compression_failed", "status": result.status,
-                           "trigger": trigger, "reason": reason, "cause": result.error})
-        log.info("compression", session=s.id, status=result.status, trigger=trigger,
-                 reason=reason, cause=result.error, before=before_total, after=after)
-        return wire.CompressResult(status=result.status, tokens_before=before_total,
-                                   tokens_after=after, events=events)
+        """``session.compress`` (see :meth:`Compactor.compress_now`)."""
+        return await self.compaction.compress_now(p)
 
     # -- the prompt -------------------------------------------------------------------------------
     def _assemble(self, s: Session, system: str, sys_hash: str, sys_tok: int,
-                  reminders: list[wire.Reminder], events: list[dict[str, Any]],
+                  reminders: list[wire.Reminder], events: Events,
                   known: wire.KnownHistory | None = None) -> wire.AssembledPrompt:
         tokens, anchored = s.estimate(sys_tok)
         s.usage.prompt_tokens = tokens
@@ -429,7 +294,7 @@ class TurnPipeline:
                            level=lvl, context_left_pct=context_left_pct(tokens, s.options.window_tokens),
                            anchored=anchored)
         if lvl != "ok":
-            events.append({"type": "usage", "level": lvl, "prompt_tokens": tokens})
+            events.append(ev.UsageWarning(level=lvl, prompt_tokens=tokens))
             self.m.bus.publish("session/usage", {"session_id": s.id, "prompt_tokens": tokens,
                                                  "window_tokens": s.options.window_tokens, "level": lvl})
         s.compaction.last_level = lvl
@@ -449,7 +314,7 @@ class TurnPipeline:
             messages = s.history.messages[start:]
         return wire.AssembledPrompt(system=system, messages=messages,
                                     tools=s.options.tools, reminders=reminders, usage=usage,
-                                    events=events, prefix_hash=phash, session_id=s.id,
+                                    events=ev.to_wire(events), prefix_hash=phash, session_id=s.id,
                                     epoch=s.history.epoch, messages_from=start)
 
     @staticmethod
@@ -495,7 +360,7 @@ class TurnPipeline:
 
                 roots = self.m.memory.roots(s.cwd)
                 if wrote_memory(msg, [r for r in (roots.project, roots.user) if r]):
-                    s.memory_written_this_turn = True
+                    s.turn.wrote_memory()
             s.append(msg)
             usage = None
             if p.usage is not None:
@@ -511,8 +376,7 @@ class TurnPipeline:
             s.last_model_reply_at = time.time()
             complete = not calls
             scheduled: list[str] = []
-            if complete and s.user_turn_open:
-                s.user_turn_open = False
+            if complete and s.turn.finish_user_turn():
                 scheduled.extend(self.m.on_user_turn_complete(s))
             self.m.schedule_index_touch(s)
             return wire.RecordModelResult(turn_complete=complete, scheduled=scheduled,
@@ -534,9 +398,7 @@ class TurnPipeline:
                 msg["is_error"] = True
             s.append(msg)
             self.m.record(s, msg)
-            s.daemon_answered.add(c["id"])
-            if len(s.daemon_answered) > MAX_TOUCHED:
-                s.daemon_answered.discard(next(iter(s.daemon_answered)))
+            s.turn.answered_by_daemon(c["id"], limit=MAX_TOUCHED)
             out.append(wire.AnsweredCall(tool_call_id=c["id"], name=listing.SKILL_NAME,
                                          content=content))
         return out
@@ -572,7 +434,7 @@ class TurnPipeline:
         i = len(s.history.messages)
         own = False
         while i and s.history.messages[i - 1].get("role") == "tool":
-            own = own or s.history.messages[i - 1].get("tool_call_id") in s.daemon_answered
+            own = own or s.history.messages[i - 1].get("tool_call_id") in s.turn.daemon_answered
             i -= 1
         return own and i > 0 and s.history.messages[i - 1].get("role") == "assistant"
 
@@ -594,8 +456,7 @@ class TurnPipeline:
             removed = len(s.history.messages) - cut
             while len(s.history.messages) > cut:
                 s.pop_last()
-            s.user_turn_open = False
-            s.daemon_answered.clear()
+            s.turn.rewound()
             self.m.record(s, {}, subtype=records.SUBTYPE_REWIND, payload={
                 "reason": "rewind", "turns": p.turns, "removedMessages": removed,
                 "compressedHistory": s.history.messages})

@@ -89,7 +89,7 @@ def register(daemon: Daemon) -> None:
 
         s = daemon.sessions.get(p.session_id)
         req = ExtractRequest(session_id=s.id, cwd=s.cwd, history=list(s.history.messages),
-                             wrote_memory=s.memory_written_this_turn)
+                             wrote_memory=s.turn.memory_written_this_turn)
         scheduled, reason = daemon.extractor.schedule(req)
         return wire.ScheduledResult(scheduled=scheduled, reason=reason, skipped_reason=reason)
 
