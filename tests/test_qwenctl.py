@@ -201,7 +201,6 @@ def test_logs_of_an_autostarted_daemon_rotation_and_follow(spawn) -> None:  # ty
     reader = threading.Thread(target=lambda: seen.extend(follower.stdout), daemon=True)  # type: ignore[arg-type]
     reader.start()
     try:
-
         def followed() -> bool:
             qwenctl(d, "sessions", "--all")  # logs a session.list line once the follower runs
             return any("method=session.list" in ln for ln in seen)
