@@ -8,7 +8,6 @@ import json
 import re
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ import pytest
 
 from qwenctxd.testing.openai_stub import Reply, ScriptedOpenAI
 from qwenctxd.testing.spawn import SpawnedDaemon
+from qwenctxd.testing.wait import until
 
 
 class RunningProxy:
@@ -32,18 +32,14 @@ class RunningProxy:
             [sys.executable, "-m", "qwenctl", "proxy", "--no-autostart", "--listen",
              "127.0.0.1:0", "--upstream", upstream, "--cwd", str(cwd)],
             env=env, stdin=subprocess.DEVNULL, stdout=self._log, stderr=self._log, cwd=cwd)
-        deadline = time.monotonic() + 20
-        self.base_url = ""
-        while time.monotonic() < deadline:
+
+        def listening() -> str | None:
             m = re.search(r"listening on (http://\S+/v1)", self.log.read_text(errors="replace"))
-            if m:
-                self.base_url = m.group(1)
-                break
-            if self.proc.poll() is not None:
+            if m is None and self.proc.poll() is not None:
                 raise RuntimeError(f"proxy exited {self.proc.returncode}:\n{self.log_text()}")
-            time.sleep(0.05)
-        else:
-            raise TimeoutError(f"proxy did not start:\n{self.log_text()}")
+            return m.group(1) if m else None
+
+        self.base_url = until(listening, timeout=30, what="the proxy's 'listening on' line")
         self.key = subprocess.run(
             [sys.executable, "-m", "qwenctl", "proxy", "key"], env=env, check=True,
             capture_output=True, text=True).stdout.strip()
@@ -52,14 +48,8 @@ class RunningProxy:
     def _wait_serving(self) -> None:
         import httpx2 as httpx
 
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            try:
-                httpx.get(self.base_url + "/models", timeout=2)
-                return
-            except httpx.HTTPError:
-                time.sleep(0.05)
-        raise TimeoutError(f"proxy not serving:\n{self.log_text()}")
+        until(lambda: httpx.get(self.base_url + "/models", timeout=2).status_code, timeout=30,
+              ignoring=(httpx.HTTPError,), what="the proxy to answer GET /models")
 
     @property
     def root(self) -> str:

@@ -12,6 +12,7 @@ from typing import Any
 from qwenctxd.client import RemoteError
 from qwenctxd.testing.openai_stub import Reply, ScriptedOpenAI
 from qwenctxd.testing.spawn import SpawnedDaemon
+from qwenctxd.testing.wait import until
 
 
 def model_env(stub: ScriptedOpenAI) -> dict[str, str]:
@@ -124,7 +125,6 @@ def test_speculation_accept_and_abort(spawn) -> None:  # type: ignore[no-untyped
 
 
 def test_kill_9_during_a_dream_recovers_the_lock(spawn) -> None:  # type: ignore[no-untyped-def]
-    import time
 
     with ScriptedOpenAI(default=Reply(content="consolidating", delay_s=30)) as stub:
         d: SpawnedDaemon = spawn(env=model_env(stub)).start()
@@ -134,10 +134,8 @@ def test_kill_9_during_a_dream_recovers_the_lock(spawn) -> None:  # type: ignore
         state = Path(st["roots"]["project"]).parent
         meta_before = (state / "meta.json").read_text()
         assert d.call("memory.dream", {"cwd": str(repo), "force": True})["scheduled"]
-        deadline = time.monotonic() + 10
-        while not (state / "consolidation.lock").exists() or not stub.requests:
-            assert time.monotonic() < deadline, "the dream never started"
-            time.sleep(0.02)
+        until(lambda: (state / "consolidation.lock").exists() and stub.requests,
+              what="the dream to take its lock and call the model")
         dead_pid = d.proc.pid
         d.kill9()
         assert (state / "consolidation.lock").read_text().strip() == str(dead_pid)

@@ -87,7 +87,8 @@ def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Env:
 @pytest.fixture
 def sleeper() -> Iterator[int]:
     """The PID of a live process that is not us."""
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    proc = subprocess.Popen([sys.executable, "-c",
+                             "import time; time.sleep(60)"])  # sleep-ok: a live target process
     try:
         yield proc.pid
     finally:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from pathlib import Path
 from typing import Any
 
@@ -229,10 +228,7 @@ def test_shutdown_cancels_extraction_without_metadata(spawn) -> None:  # type: i
         stub.handler = handler
         sid = d.call("session.open", {"cwd": str(repo), "model": "stub-model"})["session_id"]
         user_turn(d, sid, "remember something")
-        deadline = time.monotonic() + 5
-        while not stub.requests:
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
+        stub.wait_for_requests(1, timeout=15)
         st = d.call("memory.status", {"cwd": str(repo)})
         meta_path = Path(st["roots"]["project"]).parent / "meta.json"
         before = meta_path.read_text()

@@ -30,6 +30,7 @@ from qwenctxd.model import ModelClient
 from qwenctxd.protocol.errors import InvalidParams, PathOutsideProject
 from qwenctxd.testing.chat_validation import validate_chat_body
 from qwenctxd.testing.openai_stub import Reply, ScriptedOpenAI
+from qwenctxd.testing.wait import until_async
 
 HISTORY = [{"role": "user", "content": "write a greeting app"},
            {"role": "assistant", "content": "Done: src/app.py prints hello."}]
@@ -103,16 +104,13 @@ async def run_to_end(mgr: SpeculationManager, sid: str) -> dict[str, Any]:
 
 
 async def run_in_background(mgr: SpeculationManager, sid: str,
-                            until: Callable[[], bool], body: Callable[[], Any]) -> Any:
-    """Run the speculation as a job; once ``until()`` holds, await ``body()``."""
+                            ready: Callable[[], bool], body: Callable[[], Any]) -> Any:
+    """Run the speculation as a job; once ``ready()`` holds, await ``body()``."""
     result: Any = None
-    with anyio.fail_after(15):
+    with anyio.fail_after(30):
         async with anyio.create_task_group() as tg:
             tg.start_soon(mgr.run, sid)
-            for _ in range(1500):
-                if until():
-                    break
-                await anyio.sleep(0.01)
+            await until_async(ready, what="the speculation to reach the point under test")
             result = await body()
     return result
 
@@ -506,13 +504,11 @@ async def test_outside_cancellation_discards_the_overlay(
     sid = mgr.start(client, session_history=HISTORY, cwd=root, project_root=root,
                     suggestion="write a")
 
-    with anyio.fail_after(10):
+    with anyio.fail_after(30):
         async with anyio.create_task_group() as tg:
             tg.start_soon(mgr.run, sid)
-            for _ in range(1000):
-                if len(stub.requests) == 2:
-                    break
-                await anyio.sleep(0.01)
+            await until_async(lambda: len(stub.requests) == 2,
+                              what="the speculation's second model call")
             tg.cancel_scope.cancel()
     st = mgr.status(sid)
     assert st["state"] == "aborted" and st["outcome"] == "cancelled"

@@ -9,7 +9,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import anyio
 import pytest
 
 from qwenctxd.compaction.estimate import history_tokens
@@ -25,6 +24,7 @@ from qwenctxd.config.schema import ModelEndpoint
 from qwenctxd.model import ModelClient
 from qwenctxd.protocol.turn_events import HookRan
 from qwenctxd.testing.openai_stub import Reply, ScriptedOpenAI
+from qwenctxd.testing.wait import until_async
 
 SNAPSHOT = "<state_snapshot>\n<current_work>Parser fix.</current_work>\n</state_snapshot>"
 REPLY = f"<analysis>private draft</analysis>\n{SNAPSHOT}"
@@ -183,11 +183,9 @@ async def test_slow_hook_is_killed_and_compaction_succeeds(
     assert "too-late" not in _system_text(openai_stub)
     assert "Additional instructions" not in _system_text(openai_stub)
     pgid = int(pidfile.read_text())
-    for _ in range(60):  # SIGKILLed members linger as zombies until init reaps them
-        if not _live_group_members(pgid):
-            break
-        await anyio.sleep(0.05)
-    assert _live_group_members(pgid) == []  # the shell and its sleep are gone
+    # SIGKILLed members linger as zombies until init reaps them
+    await until_async(lambda: _live_group_members(pgid) == [],
+                      what="the hook's shell and its sleep to be gone")
 
 
 @pytest.mark.asyncio

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -13,9 +13,8 @@ import anyio
 import pytest
 
 from qwenctxd.config import ConfigError, ConfigStore, Settings, strip_json_comments
+from qwenctxd.testing.wait import until_async
 from qwenctxd.watch import WatchHub
-
-DEADLINE_S = 3.0  # generous liveness bound for live reload
 
 
 class Env:
@@ -323,18 +322,6 @@ async def live(store: ConfigStore) -> AsyncIterator[WatchHub]:
             tg.cancel_scope.cancel()
 
 
-async def eventually(check: Callable[[], bool], what: str) -> None:
-    """Poll ``check`` (cheap, in-memory) until true or the liveness bound runs out."""
-    try:
-        with anyio.fail_after(DEADLINE_S):
-            while True:
-                if check():
-                    return
-                await anyio.sleep(0.02)
-    except TimeoutError:
-        raise AssertionError(f"not within {DEADLINE_S} s: {what}") from None
-
-
 @pytest.mark.asyncio
 async def test_live_reload_valid_edit(env: Env) -> None:
     write(env.user_file, {"context": {"autoCompactThreshold": 0.5}})
@@ -344,8 +331,8 @@ async def test_live_reload_valid_edit(env: Env) -> None:
     async with live(store):
         generation = store.generation
         write(env.user_file, {"context": {"autoCompactThreshold": 0.65}})
-        await eventually(
-            lambda: store.global_settings.context.auto_compact_threshold == 0.65, "reloaded"
+        await until_async(
+            lambda: store.global_settings.context.auto_compact_threshold == 0.65, what="reloaded"
         )
         assert store.generation > generation
         assert seen and seen[-1].context.auto_compact_threshold == 0.65
@@ -359,13 +346,13 @@ async def test_live_reload_bad_edit_keeps_last_good(env: Env) -> None:
     async with live(store):
         good, generation = store.global_settings, store.generation
         write(env.user_file, '{"context": {"autoCompactThreshold": 5}}')
-        await eventually(lambda: store.last_error is not None, "error reported")
+        await until_async(lambda: store.last_error is not None, what="error reported")
         assert store.last_error is not None
         assert str(env.user_file) in store.last_error
         assert "context.autoCompactThreshold" in store.last_error
         assert store.global_settings is good and store.generation == generation
         write(env.user_file, '{"context": {"autoCompactThreshold": 0.55}}')
-        await eventually(lambda: store.last_error is None, "error cleared by a good edit")
+        await until_async(lambda: store.last_error is None, what="error cleared by a good edit")
         assert store.global_settings.context.auto_compact_threshold == 0.55
 
 
@@ -376,7 +363,7 @@ async def test_config_toml_created_in_missing_dir_is_picked_up(env: Env) -> None
     async with live(store):
         generation = store.generation
         write(env.toml_file, '[daemon]\nlog_level = "debug"\n')
-        await eventually(lambda: store.global_settings.daemon.log_level == "debug", "toml read")
+        await until_async(lambda: store.global_settings.daemon.log_level == "debug", what="toml read")
         assert store.generation > generation
         assert env.toml_file in store.files
 
@@ -389,13 +376,13 @@ async def test_project_file_created_later_is_picked_up(env: Env) -> None:
     async with live(store):
         glob = store.for_project(env.project)
         write(env.project_file(), {"fastModel": "project-fast"})
-        await eventually(
-            lambda: store.for_project(env.project).fast_model == "project-fast", "project read"
+        await until_async(
+            lambda: store.for_project(env.project).fast_model == "project-fast", what="project read"
         )
         assert store.global_settings is glob
         assert project_seen == [env.project]
         write(env.project_file(), '{"fastModel": 1}')
-        await eventually(lambda: env.project in store.project_errors, "bad project edit")
+        await until_async(lambda: env.project in store.project_errors, what="bad project edit")
         assert store.for_project(env.project).fast_model == "project-fast"  # last good kept
 
 

@@ -107,8 +107,7 @@ def test_cancel_a_slow_call(spawn, stub, framing, cancel_method) -> None:  # typ
     size_before = jsonl.stat().st_size
     w = Wire(d, framing)
     w.request(1, "session.compress", {"session_id": sid, "mode": "full"})
-    while not stub.requests:  # the compression is waiting on the model
-        time.sleep(0.02)
+    stub.wait_for_requests(1, timeout=15)  # the compression is waiting on the model
     t0 = time.monotonic()
     if cancel_method == "$/cancelRequest":
         w.send({"jsonrpc": "2.0", "method": "$/cancelRequest", "params": {"id": 1}})
@@ -141,8 +140,7 @@ def test_cancelled_turn_records_nothing(spawn, stub) -> None:  # type: ignore[no
     # a compression holds the session; the queued turn behind it is cancelled before it runs
     w.request(1, "session.compress", {"session_id": sid, "mode": "full"})
     w.request(2, "session.turn", {"session_id": sid, "kind": "user", "text": "cancel me"})
-    while not stub.requests:
-        time.sleep(0.02)
+    stub.wait_for_requests(1, timeout=15)
     w.request(3, "rpc.cancel", {"id": 2})
     w.request(4, "rpc.cancel", {"id": 1})
     replies = {r["id"]: r for r in (w.read(), w.read(), w.read(), w.read())}

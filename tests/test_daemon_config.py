@@ -3,19 +3,9 @@
 from __future__ import annotations
 
 import json
-import time
 
 from qwenctxd.testing.spawn import SpawnedDaemon
-
-
-def _wait_for(pred, timeout: float = 5.0):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.05)
-    return pred()
+from qwenctxd.testing.wait import until
 
 
 def test_invalid_value_refuses_start_naming_file_and_key(spawn) -> None:  # type: ignore[no-untyped-def]
@@ -56,18 +46,21 @@ def test_edits_reload_live_and_bad_edits_keep_the_last_good_config(daemon: Spawn
     toml.parent.mkdir(parents=True)
     gen0 = daemon.call("daemon.status")["config"]["generation"]
     toml.write_text('[model]\nbase_url = "http://127.0.0.1:9/v1"\nmodel = "first"\n')
-    st = _wait_for(lambda: (s := daemon.call("daemon.status"))["config"]["generation"] > gen0 and s)
+    st = until(lambda: (s := daemon.call("daemon.status"))["config"]["generation"] > gen0 and s,
+               what="the config edit to load")
     assert st["model"]["model"] == "first"
     assert str(toml) in st["config"]["files"]
     good_gen = st["config"]["generation"]
     # a bad edit: logged, reported, ignored
     toml.write_text('[model]\nbase_url = "http://127.0.0.1:9/v1"\nmodel = "second"\ntimeout_s = -1\n')
-    st = _wait_for(lambda: (s := daemon.call("daemon.status"))["config"]["last_error"] and s)
+    st = until(lambda: (s := daemon.call("daemon.status"))["config"]["last_error"] and s,
+               what="the bad edit to be reported")
     assert "model.timeout_s" in st["config"]["last_error"] or "timeout_s" in st["config"]["last_error"]
     assert st["config"]["generation"] == good_gen
     assert st["model"]["model"] == "first"
     assert daemon.call("daemon.ping") == "pong"
     # fixing it clears the error and applies the new value
     toml.write_text('[model]\nbase_url = "http://127.0.0.1:9/v1"\nmodel = "third"\n')
-    st = _wait_for(lambda: (s := daemon.call("daemon.status"))["model"]["model"] == "third" and s)
+    st = until(lambda: (s := daemon.call("daemon.status"))["model"]["model"] == "third" and s,
+               what="the fixed config to apply")
     assert st["config"]["last_error"] is None

@@ -5,13 +5,13 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
 from qwenctxd.client import RemoteError
 from qwenctxd.testing.spawn import SpawnedDaemon
+from qwenctxd.testing.wait import until
 
 GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@example.invalid"]
 
@@ -51,6 +51,12 @@ def test_output_language_file_loads_after_the_agents_chain_and_before_the_local_
 
 def prompt(d: SpawnedDaemon, cwd: Path, **kw) -> dict:  # type: ignore[no-untyped-def]
     return d.call("prompt.system", {"cwd": str(cwd), **kw})
+
+
+def prompt_with(d: SpawnedDaemon, cwd: Path, needle: str) -> dict | None:
+    """The prompt for ``cwd`` if its text contains ``needle``, else None (for ``until``)."""
+    r = prompt(d, cwd)
+    return r if needle in r["text"] else None
 
 
 def build_tree(home: Path) -> tuple[Path, Path]:
@@ -170,10 +176,8 @@ def test_imports_through_the_socket(daemon: SpawnedDaemon) -> None:
     assert {"import_cycle", "import_traversal"} <= kinds
     # flat format from the project's own settings
     write(repo / ".qwen" / "settings.json", '{"context": {"importFormat": "flat"}}')
-    deadline = time.monotonic() + 5
-    while "--- File: x.md ---" not in (text := prompt(daemon, repo)["text"]):
-        assert time.monotonic() < deadline, text
-        time.sleep(0.05)
+    text = until(lambda: prompt_with(daemon, repo, "--- File: x.md ---"),
+                 what="the flat import format in the prompt")["text"]
     assert text.count("--- File: x.md ---") == 1 and text.count("--- File: a.md ---") == 1
 
 
@@ -239,36 +243,38 @@ def test_git_status_section(daemon: SpawnedDaemon) -> None:
     assert "commit 1" not in text  # five most recent only
     subprocess.run([*GIT, "-C", str(repo), "commit", "-q", "--allow-empty", "-m", "commit 7"],
                    check=True)
-    deadline = time.monotonic() + 5
-    while "commit 7" not in (text := prompt(daemon, repo)["text"]):
-        assert time.monotonic() < deadline, "new commit never reached the git section"
-        time.sleep(0.05)
+    until(lambda: prompt_with(daemon, repo, "commit 7"),
+          what="the new commit in the git section")
 
 
 def test_edits_are_live_and_unrelated_churn_costs_nothing(daemon: SpawnedDaemon) -> None:
     repo, cwd = build_tree(daemon.home)
     first = prompt(daemon, cwd)
-    rebuilds = daemon.call("daemon.status")["counters"]["instructions_rebuilds"]
-    # 1 000 unrelated files in the project: same prefix, no rebuild
+    # the prompt subscribed its directories; once they are registered no change goes unseen
+    status = until(lambda: (st := daemon.call("daemon.status"))["watch"]["synced"] and st,
+                   what="the watch hub to register the project's directories")
+    rebuilds = status["counters"]["instructions_rebuilds"]
+    handled = status["watch"]["changes"]
+    # 1 000 unrelated files in watched directories of the project: same prefix, no rebuild.
+    # The hub counts a change once every subscriber's callback returned, so once it has
+    # handled 1 000 more the churn has reached the instructions cache (at least one change
+    # per new file) and the cache had its chance to go stale.
     for i in range(500):
         (repo / f"build_{i}.o").write_bytes(b"x")
         (cwd / f"gen_{i}.txt").write_bytes(b"y")
-    time.sleep(0.6)  # let the watcher deliver whatever it would
+    until(lambda: daemon.call("daemon.status")["watch"]["changes"] >= handled + 1000,
+          what="the watch hub to hand out the 1 000 new files")
     assert prompt(daemon, cwd)["prefix_hash"] == first["prefix_hash"]
     assert daemon.call("daemon.status")["counters"]["instructions_rebuilds"] == rebuilds
     # an edit to sub/QWEN.md shows in the next prompt (bench measures the ≤300 ms figure)
     (repo / "middle" / "sub" / "QWEN.md").write_text("sub qwen, edited\n")
-    t0 = time.monotonic()
-    while "sub qwen, edited" not in (r := prompt(daemon, cwd))["text"]:
-        assert time.monotonic() - t0 < 3, "edit not visible"
-        time.sleep(0.01)
+    r = until(lambda: prompt_with(daemon, cwd, "sub qwen, edited"),
+              what="the edit to sub/QWEN.md in the prompt")
     assert r["prefix_hash"] != first["prefix_hash"]
     # a QWEN.md appearing in the empty middle dir is picked up too
     write(repo / "middle" / "QWEN.md", "middle appears\n")
-    t0 = time.monotonic()
-    while "middle appears" not in prompt(daemon, cwd)["text"]:
-        assert time.monotonic() - t0 < 3, "new file not visible"
-        time.sleep(0.01)
+    until(lambda: prompt_with(daemon, cwd, "middle appears"),
+          what="the new middle/QWEN.md in the prompt")
 
 
 def test_problems_are_listed_and_the_prompt_still_assembles(spawn) -> None:  # type: ignore[no-untyped-def]

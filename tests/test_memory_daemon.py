@@ -15,6 +15,7 @@ from qwenctxd.client import RemoteError
 from qwenctxd.paths import project_slug
 from qwenctxd.testing.openai_stub import Reply, ScriptedOpenAI
 from qwenctxd.testing.spawn import SpawnedDaemon, wait_until
+from qwenctxd.testing.wait import until
 
 
 def model_env(stub: ScriptedOpenAI) -> dict[str, str]:
@@ -71,10 +72,8 @@ def _seed(d: SpawnedDaemon, repo: Path) -> tuple[Path, Path, Path]:
                  "user prefers tabs over spaces in Go code", "Always use tabs in Go files.")
     c = remember(project, "reference", "dashboard", "Grafana dashboard",
                  "latency dashboard for the checkout service", "https://grafana.example/d/checkout")
-    deadline = time.monotonic() + 5
-    while len(d.call("memory.list", {"cwd": str(repo)})["docs"]) < 3:
-        assert time.monotonic() < deadline, "memory files never indexed"
-        time.sleep(0.05)
+    until(lambda: len(d.call("memory.list", {"cwd": str(repo)})["docs"]) >= 3,
+          what="the three memory files to be indexed")
     return a, b, c
 
 
@@ -94,10 +93,8 @@ def test_chinese_recall(daemon: SpawnedDaemon) -> None:
     st = daemon.call("memory.status", {"cwd": str(repo)})
     zh = remember(Path(st["roots"]["project"]), "project", "deploy", "部署流程",
                   "生产环境部署需要先通知运维", "每次部署前在群里通知运维同事。")
-    deadline = time.monotonic() + 5
-    while not daemon.call("memory.list", {"cwd": str(repo)})["docs"]:
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    until(lambda: daemon.call("memory.list", {"cwd": str(repo)})["docs"],
+          what="the Chinese memory file to be indexed")
     r = daemon.call("memory.recall", {"cwd": str(repo), "query": "怎么部署"})
     assert [x["path"] for x in r["docs"]] == [str(zh)]
 
@@ -223,11 +220,8 @@ def test_memory_section_in_the_system_prompt(daemon: SpawnedDaemon) -> None:
     st = daemon.call("memory.status", {"cwd": str(repo)})
     index = Path(st["roots"]["project"]) / "MEMORY.md"
     index.write_text("- [Release freeze](project/release.md) — Thursdays at noon\n")
-    deadline = time.monotonic() + 3
-    while "Release freeze](project/release.md)" not in (
-            text := daemon.call("prompt.system", {"cwd": str(repo)})["text"]):
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    until(lambda: "Release freeze](project/release.md)" in daemon.call(
+        "prompt.system", {"cwd": str(repo)})["text"], what="the MEMORY.md edit in the prompt")
     sections = [s["name"] for s in daemon.call("prompt.system", {"cwd": str(repo)})["sections"]]
     assert "memory" in sections
 
@@ -266,10 +260,8 @@ def test_a_one_character_cjk_query_recalls_nothing(spawn) -> None:  # type: igno
                  "每次部署前在群里通知运维同事。")
         remember(project, "project", "ninsho", "認証の手順", "認証サーバーの設定", "認証は毎朝確認する。")
         remember(project, "project", "baepo", "배포 절차", "배포 전에 공지", "배포는 금요일 금지.")
-        deadline = time.monotonic() + 5
-        while len(d.call("memory.list", {"cwd": str(repo)})["docs"]) < 3:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        until(lambda: len(d.call("memory.list", {"cwd": str(repo)})["docs"]) >= 3,
+              what="the three CJK memory files to be indexed")
         before = len(stub.chat_requests)
         for q in ("部", "認", "배"):
             r = d.call("memory.recall", {"cwd": str(repo), "query": q})

@@ -12,13 +12,13 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from qwenctxd.client import Client
 from qwenctxd.testing.spawn import SpawnedDaemon
+from qwenctxd.testing.wait import WaitTimeout, until
 
 PLUGIN = Path(__file__).resolve().parents[1] / "clients" / "nvim"
 MARKER = "The nvim marker sentence is CERULEAN-PANGOLIN-7."
@@ -56,17 +56,20 @@ def _run_nvim(nvim: str, script: str, tmp: Path, env: dict[str, str], cwd: Path)
 
 
 def _wait_file(path: Path, proc: subprocess.Popen[str], timeout: float) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def written() -> dict | None:
         if path.exists():
             return json.loads(path.read_text())
         if proc.poll() is not None:
             out, err = proc.communicate()
             pytest.fail(f"nvim exited {proc.returncode} before writing {path.name}:\n{out}\n{err}")
-        time.sleep(0.02)
-    proc.kill()
-    out, err = proc.communicate()
-    pytest.fail(f"nvim wrote no {path.name} within {timeout}s:\n{out}\n{err}")
+        return None
+
+    try:
+        return until(written, timeout=timeout, what=f"nvim to write {path.name}")
+    except WaitTimeout:
+        proc.kill()
+        out, err = proc.communicate()
+        pytest.fail(f"nvim wrote no {path.name} within {timeout}s:\n{out}\n{err}")
 
 
 # The Lua side: a helper library, then the scenario. Results go to $QT_OUT.<phase> as JSON
@@ -187,7 +190,7 @@ SCENARIO = r"""
   -- request is written on the dead connection and must reconnect, resume and retry.
   local deadline = vim.loop.now() + 20000
   while not vim.loop.fs_stat(os.getenv("QT_GO")) and vim.loop.now() < deadline do
-    vim.loop.sleep(20)
+    vim.loop.sleep(20)  -- sleep-ok: blocking the event loop is the point (see above)
     vim.loop.update_time()
   end
   R.go = vim.loop.fs_stat(os.getenv("QT_GO")) ~= nil
@@ -330,9 +333,7 @@ def test_autostart_starts_the_daemon(nvim: str, spawn: type[SpawnedDaemon], tmp_
         if d.socket.exists():
             with Client(d.socket, timeout=5) as c:
                 c.call("daemon.shutdown", {"drain": False})
-            deadline = time.monotonic() + 10
-            while d.socket.exists() and time.monotonic() < deadline:
-                time.sleep(0.05)
+            until(lambda: not d.socket.exists(), what="the daemon to remove its socket")
 
 
 INCREMENTAL = r"""

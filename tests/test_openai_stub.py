@@ -267,11 +267,17 @@ def test_stop_does_not_hang_with_streaming_client_connected() -> None:
     stub = ScriptedOpenAI().start()
     stub.push(Reply(content="x" * 200, chunk_chars=1, chunk_delay_s=0.2))
     errors: list[BaseException] = []
+    streaming = threading.Event()
 
     def reader() -> None:
         conn = _conn(stub, timeout=10)
         try:
-            _post(conn, {"model": "m", "messages": USER, "stream": True})
+            conn.request("POST", "/v1/chat/completions", headers={"Content-Type": "application/json"},
+                         body=json.dumps({"model": "m", "messages": USER, "stream": True}))
+            resp = conn.getresponse()
+            resp.read1(1)  # the first streamed byte: the server is mid-stream from here on
+            streaming.set()
+            resp.read()
         except BaseException as exc:  # the server cuts us off mid-stream
             errors.append(exc)
         finally:
@@ -279,8 +285,7 @@ def test_stop_does_not_hang_with_streaming_client_connected() -> None:
 
     thread = threading.Thread(target=reader, daemon=True)
     thread.start()
-    stub.wait_for_requests(1, timeout=2)
-    time.sleep(0.3)
+    assert streaming.wait(10), errors
     started = time.monotonic()
     stub.stop()
     assert time.monotonic() - started < 2

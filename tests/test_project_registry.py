@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -17,6 +16,7 @@ from qwenctxd.config import ConfigStore
 from qwenctxd.project import Project, ProjectRegistry
 from qwenctxd.tasks import TaskRegistry
 from qwenctxd.testing.spawn import SpawnedDaemon
+from qwenctxd.testing.wait import until, until_async
 from qwenctxd.watch import WatchHub
 
 SETTLE_S = 15.0  # liveness bound only
@@ -44,11 +44,8 @@ async def registry(home: Path) -> AsyncIterator[ProjectRegistry]:
 
 
 async def eventually_root(projects: ProjectRegistry, cwd: Path, root: Path | None) -> Project:
-    with anyio.fail_after(SETTLE_S):
-        while True:
-            if (project := projects.get(cwd)).root == root:
-                return project
-            await anyio.sleep(0.01)
+    return await until_async(lambda: (p := projects.get(cwd)).root == root and p,
+                             timeout=SETTLE_S, what=f"{cwd} to belong to the root {root}")
 
 
 def test_subdirectories_share_one_project(tmp_path: Path) -> None:
@@ -104,11 +101,9 @@ def test_a_moved_in_settings_file_changes_the_projects_settings(tmp_path: Path) 
             staged = tmp_path / "staged.json"
             staged.write_text(json.dumps({"context": {"fileName": ["NOTES.md"]}}))
             os.replace(staged, repo / ".qwen" / "settings.json")
-            with anyio.fail_after(SETTLE_S):
-                while True:
-                    if projects.get(repo).settings.context.file_name == ["NOTES.md"]:
-                        break
-                    await anyio.sleep(0.01)
+            await until_async(
+                lambda: projects.get(repo).settings.context.file_name == ["NOTES.md"],
+                timeout=SETTLE_S, what="the replaced settings.json to apply")
             assert projects.get(repo) is project  # same project, current settings
 
     anyio.run(main)
@@ -121,9 +116,7 @@ def test_daemon_notices_a_git_init_after_the_first_prompt(daemon: SpawnedDaemon)
     first = daemon.call("prompt.system", {"cwd": str(work)})
     assert first["project_root"] is None
     (work / ".git").mkdir()
-    t0 = time.monotonic()
-    while (r := daemon.call("prompt.system", {"cwd": str(work)}))["project_root"] is None:
-        assert time.monotonic() - t0 < SETTLE_S, "new .git not noticed"
-        time.sleep(0.02)
+    r = until(lambda: (p := daemon.call("prompt.system", {"cwd": str(work)}))["project_root"]
+              and p, timeout=SETTLE_S, what="the new .git to make a project root")
     assert r["project_root"] == str(work)
     assert "later agents" in r["text"]

@@ -6,7 +6,6 @@ a strict upstream)."""
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +24,7 @@ from proxy_harness import (
 from qwenctxd.testing.chat_validation import validate_chat_body
 from qwenctxd.testing.openai_stub import Reply, ScriptedOpenAI
 from qwenctxd.testing.spawn import SpawnedDaemon
+from qwenctxd.testing.wait import until
 
 __all__ = ["setup", "upstream"]  # fixtures
 
@@ -50,10 +50,8 @@ def test_client_disconnecting_mid_stream_records_a_cut_reply(setup) -> None:  # 
             if got.count(b"data:") >= 10:
                 break  # leaving the block closes the connection mid-stream
     full_events = len(words) // 6 + 3
-    deadline = time.monotonic() + 15
-    while "reply cut off" not in transcript_text(proxy.daemon):
-        assert time.monotonic() < deadline, proxy.log_text()
-        time.sleep(0.1)
+    until(lambda: "reply cut off" in transcript_text(proxy.daemon), timeout=30,
+          what="the cut-off reply in the transcript")
     text = transcript_text(proxy.daemon)
     assert "word0" in text and "[reply cut off: the client disconnected]" in text
     assert "word399" not in text  # the upstream call was cancelled, not read to the end

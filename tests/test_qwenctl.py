@@ -13,6 +13,7 @@ import time
 import pytest
 
 from qwenctxd.testing.spawn import SpawnedDaemon
+from qwenctxd.testing.wait import until
 
 
 def qwenctl(d: SpawnedDaemon, *args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
@@ -200,11 +201,11 @@ def test_logs_of_an_autostarted_daemon_rotation_and_follow(spawn) -> None:  # ty
     reader = threading.Thread(target=lambda: seen.extend(follower.stdout), daemon=True)  # type: ignore[arg-type]
     reader.start()
     try:
-        deadline = time.monotonic() + 10
-        while not any("method=session.list" in ln for ln in seen):
-            assert time.monotonic() < deadline, seen
-            qwenctl(d, "sessions", "--all")
-            time.sleep(0.3)
+        def followed() -> bool:
+            qwenctl(d, "sessions", "--all")  # logs a session.list line once the follower runs
+            return any("method=session.list" in ln for ln in seen)
+
+        until(followed, timeout=30, what="logs -f to print a new session.list line")
     finally:
         follower.terminate()
         follower.wait(5)

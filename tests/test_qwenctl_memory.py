@@ -8,13 +8,13 @@ import os
 import re
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from qwenctxd.testing.spawn import SpawnedDaemon
+from qwenctxd.testing.wait import until
 
 DOC_KEYS = {"path", "scope", "type", "name", "description", "age", "hits"}
 
@@ -72,10 +72,7 @@ def world(daemon: SpawnedDaemon) -> World:
                          "latency dashboard for the checkout service",
                          "https://grafana.example/d/checkout")
     w = World(daemon, repo, project, user, release, tabs, dashboard)
-    deadline = time.monotonic() + 5
-    while len(w.listed()) < 3:
-        assert time.monotonic() < deadline, "memory files never indexed"
-        time.sleep(0.05)
+    until(lambda: len(w.listed()) >= 3, what="the three memory files to be indexed")
     return w
 
 
@@ -116,11 +113,14 @@ def test_list_shows_problems(world: World) -> None:
     d = world.d
     link = world.project_root / "project" / "elsewhere.md"
     os.symlink(world.release, link)
-    deadline = time.monotonic() + 5
-    while not d.call("memory.list", {"cwd": str(world.repo)})["problems"]:
-        assert time.monotonic() < deadline, "the symlink was never reported"
-        time.sleep(0.05)
+
+    def reported() -> bool:
+        if d.call("memory.list", {"cwd": str(world.repo)})["problems"]:
+            return True
         os.utime(link, follow_symlinks=False)  # nudge the watcher, not the target
+        return False
+
+    until(reported, what="the symlink to be reported as a problem")
     r = qwenctl(d, "memory", "list", "--cwd", str(world.repo))
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()

@@ -18,6 +18,7 @@ from typing import Any
 
 from qwenctxd.testing.openai_stub import Reply, ScriptedOpenAI
 from qwenctxd.testing.spawn import SpawnedDaemon
+from qwenctxd.testing.wait import until
 
 LONG_NAME = "a-rather-long-memory-file-name-about-tabs-in-go-files.md"
 
@@ -178,10 +179,7 @@ def test_mistyped_import_is_a_problem_and_paths_from_a_subdir(daemon: SpawnedDae
     assert files == ["QWEN.md", "sub/AGENTS.md"]
     # fixing the typo clears the problem
     (repo / "QWEN.md").write_text("# Project\n@./docs/style.md\nAsk @alice about it.\n")
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        if not daemon.call("instructions.files", {"cwd": str(repo / "sub")})["errors"]:
-            break
-        time.sleep(0.05)
+    until(lambda: not daemon.call("instructions.files", {"cwd": str(repo / "sub")})["errors"],
+          what="the fixed import to clear the problem")
     assert qwenctl(daemon, "instructions", cwd=repo / "sub").stdout.splitlines()[-1] == \
         "problems: none"

@@ -18,6 +18,7 @@ import pytest
 
 from qwenctxd.client import Client, ClientError, RemoteError
 from qwenctxd.testing.spawn import SpawnedDaemon
+from qwenctxd.testing.wait import until
 
 
 def raw(d: SpawnedDaemon) -> socket.socket:
@@ -102,8 +103,8 @@ def test_past_max_connections_busy_and_closed(spawn) -> None:  # type: ignore[no
     (cfg / "config.toml").write_text("[daemon]\nmax_connections = 4\n")
     d.start()
     held = [d.client()]
-    while held[0].call("daemon.status")["connections"] > 1:  # start-up probes have gone
-        time.sleep(0.02)
+    until(lambda: held[0].call("daemon.status")["connections"] == 1,
+          what="the start-up probes' connections to close")
     held += [d.client() for _ in range(3)]
     for c in held:
         assert c.call("daemon.ping") == "pong"  # active clients: not evictable
@@ -113,14 +114,9 @@ def test_past_max_connections_busy_and_closed(spawn) -> None:  # type: ignore[no
     assert s.recv(100) == b""  # closed
     s.close()
     held.pop().close()
-    deadline = time.monotonic() + 10
-    while True:  # a slot frees once the daemon has seen the close
-        try:
-            assert d.call("daemon.ping") == "pong"
-            break
-        except (RemoteError, OSError, ClientError):
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
+    # a slot frees once the daemon has seen the close
+    assert until(lambda: d.call("daemon.ping"), ignoring=(RemoteError, OSError, ClientError),
+                 what="a free connection slot") == "pong"
     for c in held:
         c.close()
 
@@ -256,16 +252,14 @@ def test_socket_activation_without_xdg_runtime_dir(spawn) -> None:  # type: igno
                             stdout=log, stderr=log)
     try:
         listener.close()
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                with Client(bound, timeout=2) as c:
-                    st = c.call("daemon.status")
-                break
-            except Exception:
-                assert proc.poll() is None, d.log_text()
-                assert time.monotonic() < deadline, d.log_text()
-                time.sleep(0.05)
+
+        def status() -> Any:
+            assert proc.poll() is None, d.log_text()
+            with Client(bound, timeout=2) as c:
+                return c.call("daemon.status")
+
+        st = until(status, timeout=30, ignoring=(OSError, ClientError),
+                   what="the socket-activated daemon to answer")
         assert st["activated"] is True
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(15) == 0

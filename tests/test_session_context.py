@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ import pytest
 from qwenctxd.client import RemoteError
 from qwenctxd.testing.openai_stub import Reply, ScriptedOpenAI
 from qwenctxd.testing.spawn import SpawnedDaemon
+from qwenctxd.testing.wait import until
 
 PARTS = ["system_base", "instructions", "memory", "system_other", "tools", "skills",
          "reminders", "history_user", "history_assistant", "history_tool_results"]
@@ -109,10 +109,8 @@ def build(spawn) -> tuple[SpawnedDaemon, ScriptedOpenAI, str]:  # type: ignore[n
                    "Thursday at noon\ntype: project\n---\nNo merges to main after Thursday "
                    "noon.\n")
     MEMORY_PATH[:] = [str(mem)]
-    deadline = time.monotonic() + 5
-    while not d.call("memory.list", {"cwd": str(repo)})["docs"]:
-        assert time.monotonic() < deadline, "memory never indexed"
-        time.sleep(0.05)
+    until(lambda: d.call("memory.list", {"cwd": str(repo)})["docs"],
+          what="the memory file to be indexed")
     d.call("memory.recall", {"cwd": str(repo), "query": "warm up"})  # the openai import
     sid = d.call("session.open", {"cwd": str(repo), "model": "stub-model", "tools": TOOLS,
                                   "window_tokens": WINDOW})["session_id"]

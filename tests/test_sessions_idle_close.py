@@ -13,6 +13,7 @@ import pytest
 
 from qwenctxd.client import RemoteError
 from qwenctxd.testing.spawn import SpawnedDaemon
+from qwenctxd.testing.wait import until
 
 IDLE_MINUTES = 0.05  # 3 s
 
@@ -45,15 +46,20 @@ def test_idle_session_closed_then_resumable(spawn) -> None:  # type: ignore[no-u
     idle = open_session(d, repo)
     busy = open_session(d, repo)
     started = time.monotonic()
-    # keep one session active (a turn every 0.3 s) while the other sits idle
-    n = 0
-    while is_open(d, idle):
-        assert time.monotonic() - started < 30, "the idle session was never closed"
-        n += 1
-        d.call("session.turn", {"session_id": busy, "kind": "user", "text": f"more {n}"})
+    turns = 0
+
+    def idle_closed_while_busy_talks() -> bool:
+        """One busy turn per call: until() calls this at most ``interval`` apart, far more
+        often than the idle limit, so only the idle session goes quiet."""
+        nonlocal turns
+        turns += 1
+        d.call("session.turn", {"session_id": busy, "kind": "user", "text": f"more {turns}"})
         d.call("session.record_model", {"session_id": busy,
                                         "message": {"role": "assistant", "content": "ok"}})
-        time.sleep(0.3)
+        return not is_open(d, idle)
+
+    until(idle_closed_while_busy_talks, timeout=30, interval=0.3,
+          what="the idle session to be closed")
     assert time.monotonic() - started >= IDLE_MINUTES * 60 * 0.9
     assert is_open(d, busy)
     assert idle not in {s["session_id"] for s in d.call("daemon.status")["sessions"]}
@@ -73,13 +79,20 @@ def test_idle_session_closed_then_resumable(spawn) -> None:  # type: ignore[no-u
 
 
 def test_zero_turns_idle_close_off_and_bad_key_is_an_error(spawn) -> None:  # type: ignore[no-untyped-def]
-    d: SpawnedDaemon = spawn()
-    config(d, "[sessions]\nidle_close_minutes = 0\n")
-    d.start()
-    sid = open_session(d, d.home)
-    time.sleep(1.5)
-    assert is_open(d, sid)
-    d.stop()
+    # two daemons, sessions opened the same way: the control closes its session after
+    # 0.6 s idle; by then the one with the limit off has been idle longer, and stays open
+    off: SpawnedDaemon = spawn()
+    config(off, "[sessions]\nidle_close_minutes = 0\n")
+    control: SpawnedDaemon = spawn()
+    config(control, "[sessions]\nidle_close_minutes = 0.01\n")
+    off.start()
+    control.start()
+    kept = open_session(off, off.home)
+    closed = open_session(control, control.home)
+    until(lambda: not is_open(control, closed), what="the control daemon's idle close")
+    assert is_open(off, kept)
+    off.stop()
+    control.stop()
     bad: SpawnedDaemon = spawn()
     config(bad, "[sessions]\nidle_close_minute = 5\n")
     bad.start(wait=False)

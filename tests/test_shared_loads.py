@@ -22,6 +22,7 @@ from qwenctxd.model import ModelClient
 from qwenctxd.project import ProjectRegistry
 from qwenctxd.skills.service import SkillsService
 from qwenctxd.tasks import SharedLoads, TaskRegistry
+from qwenctxd.testing.wait import until_async
 from qwenctxd.watch import WatchHub
 
 SETTLE_S = 15.0  # liveness bound for "eventually agrees with the disk"
@@ -100,8 +101,13 @@ def test_without_a_task_group_the_caller_runs_it_and_a_cancel_publishes_nothing(
     async def main() -> None:
         loads: SharedLoads[str, int] = SharedLoads(TaskRegistry(), "t")
 
+        calls = 0
+
         async def load() -> int:
-            await anyio.sleep(0.05)
+            nonlocal calls
+            calls += 1
+            if calls == 1:
+                await anyio.sleep_forever()  # the first call is cancelled mid-load
             return 7
 
         with anyio.move_on_after(0.01):
@@ -152,14 +158,6 @@ async def cancelled_at(delay_s: float, fn: Callable[[], object]) -> None:
     """Call ``fn()`` (a coroutine function) and cancel the call after ``delay_s``."""
     with anyio.move_on_after(delay_s):
         await fn()  # type: ignore[misc]
-
-
-async def eventually(check: Callable[[], object]) -> None:
-    with anyio.fail_after(SETTLE_S):
-        while True:
-            if await check():  # type: ignore[misc]
-                return
-            await anyio.sleep(0.02)
 
 
 def new_repo(home: Path, n: int) -> Path:
@@ -224,7 +222,8 @@ def test_memory_load_and_resync_survive_cancelled_waiters(tmp_path: Path) -> Non
                 for d in later:
                     await cancelled_at(d, lambda: s.memory._refresh(proj))
                     await cancelled_at(d / 2, lambda: s.memory.recall(repo, "deploys"))
-                await eventually(lambda: memory_agrees(s, repo, expected))
+                await until_async(lambda: memory_agrees(s, repo, expected), timeout=SETTLE_S,
+                                  what="recall to agree with the files")
 
         anyio.run(main)
 
@@ -257,7 +256,7 @@ def test_instructions_never_empty_or_stale_after_cancelled_waiters(tmp_path: Pat
                         text = (await s.instructions.system_prompt(repo)).text
                         return f"rule version {v}" in text
 
-                    await eventually(fresh)
+                    await until_async(fresh, timeout=SETTLE_S, what="the new skills in the skill set")
 
         anyio.run(main)
 
@@ -293,7 +292,7 @@ def test_skills_never_empty_or_stale_after_cancelled_waiters(tmp_path: Path) -> 
                     got, _ = await s.skills.skillset(repo, repo)
                     return names <= set(got.skills)
 
-                await eventually(fresh)
+                await until_async(fresh, timeout=SETTLE_S, what="the new skills in the skill set")
 
         anyio.run(main)
 

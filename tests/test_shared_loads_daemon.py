@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from qwenctxd.paths import project_slug
 from qwenctxd.testing.spawn import SpawnedDaemon
+from qwenctxd.testing.wait import until
 
 
 def repo_in(home: Path, name: str) -> Path:
@@ -51,7 +52,7 @@ def two_quick_user_turns(d: SpawnedDaemon, sid: str, gap_s: float) -> None:
     t = threading.Thread(target=first)
     t.start()
     if gap_s:
-        time.sleep(gap_s)  # the gap under test, not a synchronisation
+        time.sleep(gap_s)  # sleep-ok: the gap under test, not a synchronisation
     d.call("session.turn", {"session_id": sid, "kind": "user", "text": "deploys fact two"})
     t.join(30)
     assert not t.is_alive() and not errors, errors
@@ -108,10 +109,8 @@ def test_prefetches_cancelled_at_random_points(daemon: SpawnedDaemon) -> None:
         expected = {str(p) for p in paths[drop:]} | {str(p) for p in added}
         for _ in range(data.draw(st.integers(1, 3), label="rounds after")):
             two_quick_user_turns(d, sid, data.draw(st.floats(0, 0.08), label="gap after"))
-        deadline = time.monotonic() + 15
-        while {x["path"] for x in d.call("memory.list", {"cwd": str(repo)})["docs"]} != expected:
-            assert time.monotonic() < deadline, "the re-sync never caught up with the files"
-            time.sleep(0.05)
+        until(lambda: {x["path"] for x in d.call("memory.list", {"cwd": str(repo)})["docs"]}
+              == expected, what="the re-sync to catch up with the files")
         recall_agrees_with_list(d, repo, expected, probe=n + len(added) - 1)
 
     example()

@@ -10,7 +10,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ import pytest
 
 from qwenctxd.testing.openai_stub import Reply, ScriptedOpenAI
 from qwenctxd.testing.spawn import SpawnedDaemon
+from qwenctxd.testing.wait import until
 
 SKILL = ("---\nname: {name}\ndescription: Deploy the service to staging and check it\n---\n"
          "# Deploy\n1. make build\n2. make deploy ENV=staging\n3. curl the health endpoint\n")
@@ -87,15 +87,6 @@ def started_with_auto_skill(spawn, stub: ScriptedOpenAI) -> tuple[SpawnedDaemon,
                                                   "autoSkillToolCalls": 3})
     d.start()
     return d, make_repo(d.home, "repo")
-
-
-def wait_for(fn: Any, timeout: float = 3.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        got = fn()
-        if got or time.monotonic() > deadline:
-            return got
-        time.sleep(0.05)
 
 
 @pytest.fixture
@@ -183,8 +174,8 @@ def test_draft_list_accept_discard(spawn, stub: ScriptedOpenAI) -> None:  # type
         skills = d.call("skills.list", {"cwd": str(repo)})["skills"]
         return next((s for s in skills if s["name"] == "deploy-staging"), None)
 
-    got = wait_for(listed, 3.0)
-    assert got is not None and got["level"] == "project" and got["path"] == str(installed)
+    got = until(listed, what="the accepted skill in the listing")
+    assert got["level"] == "project" and got["path"] == str(installed)
     log = d.call("memory.log", {"limit": 1})["entries"]
     assert (log[0]["agent"], log[0]["action"], log[0]["path"]) == (
         "skill-review", "create", str(installed))
@@ -276,8 +267,8 @@ def test_kill_9_mid_review_leaves_no_orphan_draft(spawn, stub: ScriptedOpenAI) -
     sid = d.call("session.open", {"cwd": str(repo), "model": "stub-model"})["session_id"]
     assert "skill-review" in tool_turn(d, sid, "deploy", three_reads(repo))["scheduled"]
     staging = d.home / ".local" / "state" / "qwenctxd" / "skill-drafts"
-    half = wait_for(lambda: list(staging.glob("*/*/half/SKILL.md")), 10.0)
-    assert half, "the reviewer never wrote its draft"
+    half = until(lambda: list(staging.glob("*/*/half/SKILL.md")),
+                 what="the reviewer to write its half draft")
     assert d.call("skills.review.list", {"cwd": str(repo)})["drafts"] == []  # still running
     assert half[0].exists()
     d.kill9()

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import time
 from pathlib import Path
 
 import pytest
 
 from qwenctxd.testing.spawn import SpawnedDaemon
+from qwenctxd.testing.wait import until
 
 
 def skill(base: Path, name: str, description: str, extra: str = "", body: str = "Do it.") -> Path:
@@ -23,16 +23,6 @@ def skill(base: Path, name: str, description: str, extra: str = "", body: str = 
 
 def listed(d: SpawnedDaemon, cwd: Path, **kw) -> dict:  # type: ignore[no-untyped-def]
     return d.call("skills.list", {"cwd": str(cwd), **kw})
-
-
-def wait_for(pred, timeout: float = 3.0):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.02)
-    return pred()
 
 
 def project(home: Path) -> Path:
@@ -77,23 +67,31 @@ def test_live_create_edit_delete_and_deep_churn(daemon: SpawnedDaemon) -> None:
     base.mkdir(parents=True)
     assert "fresh" not in [s["name"] for s in listed(daemon, repo)["skills"]]
     path = skill(base, "fresh", "first words")
-    assert wait_for(lambda: any(s["name"] == "fresh" for s in listed(daemon, repo)["skills"]))
+    until(lambda: any(s["name"] == "fresh" for s in listed(daemon, repo)["skills"]),
+          what="the new skill in the listing")
     path.write_text("---\nname: fresh\ndescription: second words\n---\nbody\n")
-    assert wait_for(lambda: any(s["description"] == "second words"
-                                for s in listed(daemon, repo)["skills"]))
+    until(lambda: any(s["description"] == "second words" for s in listed(daemon, repo)["skills"]),
+          what="the edited description in the listing")
     path.unlink()
-    assert wait_for(lambda: all(s["name"] != "fresh" for s in listed(daemon, repo)["skills"]))
-    # 2 000 files under a depth-3 node_modules inside a skill dir: no refresh at all
+    until(lambda: all(s["name"] != "fresh" for s in listed(daemon, repo)["skills"]),
+          what="the deleted skill to leave the listing")
+    # 2 000 files under a depth-3 node_modules inside a skill dir: not even seen by the hub
     keep = skill(base, "keeper", "stays")
-    assert wait_for(lambda: any(s["name"] == "keeper" for s in listed(daemon, repo)["skills"]))
+    until(lambda: any(s["name"] == "keeper" for s in listed(daemon, repo)["skills"]),
+          what="the keeper skill in the listing")
+    watch = until(lambda: (st := daemon.call("daemon.status")["watch"])["synced"] and st,
+                  what="the watch hub to register the keeper dir")
     nm = keep.parent / "node_modules" / "pkg"
     nm.mkdir(parents=True)
-    time.sleep(0.6)  # let the node_modules dir creation settle
-    before = daemon.call("daemon.status")["counters"].get("skills_refreshes", 0)
     for i in range(2000):
         (nm / f"f{i}.js").write_text("x")
-    time.sleep(0.8)
-    assert daemon.call("daemon.status")["counters"].get("skills_refreshes", 0) == before
+    # then an edit that does matter: once it is listed, the hub (which hands changes out in
+    # order) has dealt with everything the churn could have caused
+    keep.write_text("---\nname: keeper\ndescription: stays, edited\n---\nDo it.\n")
+    until(lambda: any(s["description"] == "stays, edited" for s in listed(daemon, repo)["skills"]),
+          what="the keeper edit in the listing")
+    handled = daemon.call("daemon.status")["watch"]["changes"] - watch["changes"]
+    assert 1 <= handled < 2000, handled  # the edit was handed out, the churn never arrived
 
 
 def test_parse_errors_are_listed_and_others_work(daemon: SpawnedDaemon) -> None:

@@ -22,6 +22,7 @@ from qwenctxd.protocol import speculation as spwire
 from qwenctxd.protocol.framing import Framing
 from qwenctxd.testing.openai_stub import Reply, ScriptedOpenAI
 from qwenctxd.testing.spawn import SpawnedDaemon
+from qwenctxd.testing.wait import until_async
 
 SECRET = "token ghp_" + "a1B2c3D4e5" * 3 + "a1B2c3"
 
@@ -147,9 +148,8 @@ def test_cancelled_request_raises_request_cancelled(spawn, framing: Framing) -> 
 
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(compress)
-                    deadline = time.monotonic() + 20
-                    while len(stub.requests) == seen and time.monotonic() < deadline:  # noqa: ASYNC110
-                        await anyio.sleep(0.02)
+                    await until_async(lambda: len(stub.requests) > seen, timeout=20,
+                                      what="the compression's model call")
                     # the compression is request 1 of this connection
                     got = await c.request(methods.RPC_CANCEL, dwire.CancelParams(id=1))
                     assert got == dwire.CancelResult(cancelled=True)

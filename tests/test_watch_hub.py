@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -14,9 +14,8 @@ import anyio
 import pytest
 from watchfiles import Change
 
+from qwenctxd.testing.wait import until_async
 from qwenctxd.watch import FileChange, WatchHub
-
-DEADLINE_S = 3.0  # generous liveness bound; events normally arrive within ~0.2 s
 
 
 class Recorder:
@@ -35,18 +34,6 @@ class Recorder:
 
     def paths(self) -> set[str]:
         return {p for _, p in self.changes}
-
-
-async def eventually(check: Callable[[], bool], what: str) -> None:
-    """Poll ``check`` (cheap, in-memory) until true or the liveness bound runs out."""
-    try:
-        with anyio.fail_after(DEADLINE_S):
-            while True:
-                if check():
-                    return
-                await anyio.sleep(0.02)
-    except TimeoutError:
-        raise AssertionError(f"not within {DEADLINE_S} s: {what}") from None
 
 
 @asynccontextmanager
@@ -68,7 +55,7 @@ async def test_write_in_watched_dir_reaches_callback(tmp_path: Path) -> None:
         await hub.wait_synced()
         assert hub.directories == {tmp_path}
         (tmp_path / "a.md").write_text("hello")
-        await eventually(lambda: str(tmp_path / "a.md") in rec.paths(), "write delivered")
+        await until_async(lambda: str(tmp_path / "a.md") in rec.paths(), what="write delivered")
         assert all(change in (Change.added, Change.modified) for change, _ in rec.changes)
         assert hub.batches >= 1
 
@@ -86,7 +73,7 @@ async def test_not_recursive(tmp_path: Path) -> None:
         # one inotify queue, in order: once the later marker is delivered, anything the
         # hidden writes could have produced has been delivered too
         (tmp_path / "marker").write_text("x")
-        await eventually(lambda: str(tmp_path / "marker") in rec.paths(), "marker delivered")
+        await until_async(lambda: str(tmp_path / "marker") in rec.paths(), what="marker delivered")
         assert str(deep / "hidden.md") not in rec.paths()
         assert str(tmp_path / "sub" / "also-hidden.md") not in rec.paths()
         assert hub.directories == {tmp_path}
@@ -104,12 +91,12 @@ async def test_missing_dir_is_watched_once_created(tmp_path: Path) -> None:
         # it arrives as a synthetic "added".
         target.mkdir(parents=True)
         (target / "config.toml").write_text("[daemon]\n")
-        await eventually(lambda: str(target / "config.toml") in rec.paths(), "file delivered")
+        await until_async(lambda: str(target / "config.toml") in rec.paths(), what="file delivered")
         assert (Change.added, str(target / "config.toml")) in rec.changes
-        await eventually(lambda: hub.directories == {target}, "real dir watched")
+        await until_async(lambda: hub.directories == {target}, what="real dir watched")
         # ...and from then on it is watched for real.
         (target / "later.toml").write_text("x")
-        await eventually(lambda: str(target / "later.toml") in rec.paths(), "later delivered")
+        await until_async(lambda: str(target / "later.toml") in rec.paths(), what="later delivered")
         # Changes in the stand-in ancestor itself are not the subscriber's business.
         assert str(tmp_path / "config") not in rec.paths()
 
@@ -124,10 +111,10 @@ async def test_deleted_dir_falls_back_to_ancestor(tmp_path: Path) -> None:
         await hub.wait_synced()
         assert hub.directories == {target}
         shutil.rmtree(tmp_path / "proj")
-        await eventually(lambda: hub.directories == {tmp_path}, "fell back to the ancestor")
+        await until_async(lambda: hub.directories == {tmp_path}, what="fell back to the ancestor")
         target.mkdir(parents=True)
         (target / "settings.json").write_text("{}")
-        await eventually(lambda: str(target / "settings.json") in rec.paths(), "recreated")
+        await until_async(lambda: str(target / "settings.json") in rec.paths(), what="recreated")
 
 
 @pytest.mark.asyncio
@@ -146,8 +133,8 @@ async def test_changing_subscriptions_restarts(tmp_path: Path) -> None:
         assert hub.directories == {a, b}
         (b / "f").write_text("x")
         (a / "g").write_text("x")
-        await eventually(lambda: str(b / "f") in rec_b.paths(), "b delivered")
-        await eventually(lambda: str(a / "g") in rec_a.paths(), "a delivered")
+        await until_async(lambda: str(b / "f") in rec_b.paths(), what="b delivered")
+        await until_async(lambda: str(a / "g") in rec_a.paths(), what="a delivered")
         assert str(a / "g") not in rec_b.paths() and str(b / "f") not in rec_a.paths()
         # Same directories again (only the callback changes): no restart.
         hub.watch("b", [b], rec_b)
@@ -182,9 +169,9 @@ async def test_raising_callback_does_not_stop_deliveries(tmp_path: Path) -> None
         hub.watch("healthy", [tmp_path], healthy)
         await hub.wait_synced()
         (tmp_path / "one").write_text("1")
-        await eventually(lambda: broken.calls >= 1, "first delivery")
+        await until_async(lambda: broken.calls >= 1, what="first delivery")
         (tmp_path / "two").write_text("2")
-        await eventually(lambda: str(tmp_path / "two") in broken.paths(), "second delivery")
+        await until_async(lambda: str(tmp_path / "two") in broken.paths(), what="second delivery")
         assert {str(tmp_path / "one"), str(tmp_path / "two")} <= healthy.paths()
 
 
@@ -201,8 +188,8 @@ async def test_default_filter_applies_to_entries_not_to_explicit_dirs(tmp_path: 
         (tmp_path / "x.pyc").write_bytes(b"")
         (tmp_path / "node_modules").mkdir()
         (tmp_path / "QWEN.md").write_text("x")
-        await eventually(lambda: str(git / "HEAD") in inside.paths(), ".git/HEAD delivered")
-        await eventually(lambda: str(tmp_path / "QWEN.md") in top.paths(), "QWEN.md delivered")
+        await until_async(lambda: str(git / "HEAD") in inside.paths(), what=".git/HEAD delivered")
+        await until_async(lambda: str(tmp_path / "QWEN.md") in top.paths(), what="QWEN.md delivered")
         assert not {str(tmp_path / "x.pyc"), str(tmp_path / "node_modules")} & top.paths()
 
 
@@ -242,6 +229,6 @@ async def test_start_failure_is_reported_and_retried(
         hub.watch("k", [tmp_path], rec)
         await hub.wait_synced()  # returns on failure too, never hangs
         assert hub.last_error is not None and "watch limit" in hub.last_error
-        await eventually(lambda: hub.directories == {tmp_path}, "retried after back-off")
+        await until_async(lambda: hub.directories == {tmp_path}, what="retried after back-off")
         (tmp_path / "f").write_text("x")
-        await eventually(lambda: str(tmp_path / "f") in rec.paths(), "delivered after retry")
+        await until_async(lambda: str(tmp_path / "f") in rec.paths(), what="delivered after retry")

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from qwenctxd.fsutil import atomic_write
 from qwenctxd.tasks import TaskRegistry
+from qwenctxd.testing.wait import until_async
 from qwenctxd.watch import Watched, WatchedCache, WatchHub
 
 SETTLE_S = 15.0  # a generous liveness bound, never a synchronisation point
@@ -67,7 +68,7 @@ def make_load(h: Harness) -> object:
         text = await anyio.to_thread.run_sync(h.file.read_text)
         built = Built(text)
         built.parts.append(text[:1])
-        await anyio.sleep(h.load_delay_s)  # a cancellation can land here, mid-build
+        await anyio.sleep(h.load_delay_s)  # sleep-ok: the window a cancellation can land in
         built.parts.append(text[1:])
         built.complete = True
         file = h.file
@@ -85,21 +86,18 @@ async def get(h: Harness) -> Built:
 
 async def until_fresh(h: Harness, text: str) -> None:
     """Wait (bounded) until the cache no longer offers anything but ``text``: the edit seen."""
-    with anyio.fail_after(SETTLE_S):
-        while True:
-            seen = h.cache.peek("k")
-            if seen is None or seen.text == text:
-                return
-            await anyio.sleep(0.01)
+    await until_async(lambda: (seen := h.cache.peek("k")) is None or seen.text == text,
+                      timeout=SETTLE_S, what=f"the cache to offer only {text!r}")
 
 
 async def settled(h: Harness, text: str) -> Built:
     """``get`` until it answers ``text`` (bounded): the watcher or the re-check saw the edit."""
-    with anyio.fail_after(SETTLE_S):
-        while True:
-            if (value := await get(h)).text == text:
-                return value
-            await anyio.sleep(0.01)
+
+    async def answer() -> Built | None:
+        value = await get(h)
+        return value if value.text == text else None
+
+    return await until_async(answer, timeout=SETTLE_S, what=f"get() to answer {text!r}")
 
 
 ops = st.lists(st.one_of(
@@ -192,10 +190,13 @@ def test_on_stale_refreshes_instead_of_dropping(tmp_path: Path) -> None:
             h_box.append(h)
             assert (await get(h)).text == "v0"
             atomic_write(h.file, "v1")
-            with anyio.fail_after(SETTLE_S):
-                while (seen := h.cache.peek("k")) is None or seen.text != "v1":
-                    assert seen is not None  # a refreshing cache keeps serving the old value
-                    await anyio.sleep(0.01)
+
+            def refreshed_to_v1() -> bool:
+                seen = h.cache.peek("k")
+                assert seen is not None  # a refreshing cache keeps serving the old value
+                return seen.text == "v1"
+
+            await until_async(refreshed_to_v1, timeout=SETTLE_S, what="the refresh to v1")
             assert refreshed and refreshed[0] == "v0"
             assert h.hub.subscriptions()["test:k"] == frozenset({h.file.parent})
 

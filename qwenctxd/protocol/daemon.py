@@ -93,6 +93,18 @@ class LogStatus(msgspec.Struct, kw_only=True):
     sink: str = "file"  # "file" (written inline) | "pipe" (a writer thread) | "dead"
 
 
+class WatchStatus(msgspec.Struct, kw_only=True):
+    """The file-watch hub: what it watches and how much it has handled since start-up."""
+
+    directories: int = 0  # registered with the kernel (incl. ancestors of missing ones)
+    subscriptions: int = 0
+    synced: bool = True  # every requested directory is registered (False while (re)starting)
+    batches: int = 0  # change batches the watcher reported
+    changes: int = 0  # file changes handed to every interested subscriber (callbacks returned)
+    restarts: int = 0  # the watcher restarted because the directory set changed
+    last_error: str | None = None
+
+
 class StatusResult(msgspec.Struct, kw_only=True):
     version: str
     pid: int
@@ -110,6 +122,7 @@ class StatusResult(msgspec.Struct, kw_only=True):
     model: dict[str, Any] = msgspec.field(default_factory=dict)
     config: ConfigStatus | None = None
     inotify_watches: int = 0
+    watch: WatchStatus | None = None
     counters: dict[str, int] = msgspec.field(default_factory=dict)
     log: LogStatus | None = None
 

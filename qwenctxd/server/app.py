@@ -421,6 +421,15 @@ class Daemon:
                 last_error=self.config.last_error,
             ),
             inotify_watches=self.hub.inotify_watches(),
+            watch=wire.WatchStatus(
+                directories=len(self.hub.directories),
+                subscriptions=len(self.hub.subscriptions()),
+                synced=self.hub.synced,
+                batches=self.hub.batches,
+                changes=self.hub.changes,
+                restarts=self.hub.restarts,
+                last_error=self.hub.last_error,
+            ),
             counters=dict(self.counters),
             log=wire.LogStatus(**daemon_logging.stats()),
         )

@@ -18,6 +18,7 @@ from typing import Any
 
 from qwenctxd.client import Client, DaemonUnreachable
 from qwenctxd.client.errors import ClientError
+from qwenctxd.testing.wait import until
 
 #: pids of daemons started by a live SpawnedDaemon of this process: each one stops its own,
 #: so another instance on the same tree (a restart) must never kill it.
@@ -39,18 +40,8 @@ def _gone_or_zombie(pid: int) -> bool:
     return state in (b"Z", b"X")
 
 
-def wait_until(check: Any, *, timeout: float = 10.0, what: str = "condition",
-               interval: float = 0.01) -> Any:
-    """Poll ``check()`` until it returns something truthy (returned); AssertionError naming
-    ``what`` after ``timeout`` s. For tests: wait on a condition, never a fixed sleep."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
+#: The older name of :func:`qwenctxd.testing.wait.until`, kept for its callers.
+wait_until = until
 
 
 class SpawnedDaemon:

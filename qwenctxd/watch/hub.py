@@ -248,7 +248,8 @@ class WatchHub:
         self._live: _Plan | None = None  # plan of the watcher registered right now
         self._running = False
         self._dispatch_lock: anyio.Lock | None = None
-        self.batches = 0
+        self.batches = 0  # batches awatch reported
+        self.changes = 0  # file changes handed to subscribers (real and synthetic), callbacks done
         self.restarts = 0
         self.last_error: str | None = None
         # watchfiles logs every batch at INFO; the hub logs its own batches at debug.
@@ -297,6 +298,12 @@ class WatchHub:
     def inotify_watches() -> int:
         """Inotify watches held by this process (see ``count_inotify_watches``)."""
         return count_inotify_watches()
+
+    @property
+    def synced(self) -> bool:
+        """Whether the directory set requested so far is registered (or failed: ``last_error``);
+        False while the watcher (re)starts. ``wait_synced`` waits for it."""
+        return self._synced_version >= self._version
 
     async def wait_synced(self) -> None:
         """Return once the directory set requested so far is registered with the kernel (or
@@ -519,3 +526,4 @@ class WatchHub:
                     await sub.callback(changes)
                 except Exception:
                     log.exception("watch.callback_failed", key=key, changes=len(changes))
+            self.changes += len(raw)
