@@ -15,9 +15,8 @@ import anyio.to_thread
 
 from qwenctxd.config import ConfigStore
 from qwenctxd.tasks import TaskRegistry
+from qwenctxd.testing.wait import until_async
 from qwenctxd.watch import WatchHub
-
-SETTLE_S = 15.0  # liveness bound only
 
 
 @asynccontextmanager
@@ -49,9 +48,8 @@ def write_settings(root: Path, fast_model: str) -> None:
 
 
 async def until_fast_model(store: ConfigStore, root: Path, expected: str) -> None:
-    with anyio.fail_after(SETTLE_S):
-        while store.for_project(root).fast_model != expected:
-            await anyio.sleep(0.01)  # sleep-ok: polling a condition, bounded by fail_after
+    await until_async(lambda: store.for_project(root).fast_model == expected,
+                      what=f"{root} settings with fastModel {expected!r}")
 
 
 def test_settings_read_first_from_a_worker_thread_follow_the_file(tmp_path: Path) -> None:
@@ -93,9 +91,7 @@ def test_a_bad_edit_keeps_the_last_good_project_settings_then_recovers(tmp_path:
         async with running_store(tmp_path) as (store, _hub):
             assert store.for_project(repo).fast_model == "good"
             (repo / ".qwen" / "settings.json").write_text("{not json")
-            with anyio.fail_after(SETTLE_S):
-                while repo not in store.project_errors:
-                    await anyio.sleep(0.01)  # sleep-ok: polling a condition
+            await until_async(lambda: repo in store.project_errors, what="the bad edit reported")
             assert store.for_project(repo).fast_model == "good"
             write_settings(repo, "fixed")
             await until_fast_model(store, repo, "fixed")
