@@ -19,9 +19,12 @@ $(STAMP): pyproject.toml
 run: install
 	$(BIN)/qwenctxd
 
-# The whole suite. pytest's exit 5 ("no tests ran") is a failure here, never a pass.
+# The whole suite, in two pytest-xdist workers (a test file stays on one worker, so module-scoped
+# daemons are shared as written; TEST_WORKERS=0 runs it in one process). pytest's exit 5 ("no
+# tests ran") is a failure here, never a pass.
+TEST_WORKERS ?= 2
 test: install
-	@$(BIN)/python -m pytest -q --ignore=tests/e2e; rc=$$?; \
+	@$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --ignore=tests/e2e; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: no tests ran — failing"; exit 1; fi; exit $$rc
 
 # Real counterparts: a llama.cpp server and the real Qwen Code CLI. tests/e2e/prepare.sh fills

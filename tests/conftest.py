@@ -1,4 +1,5 @@
-"""Shared fixtures: a spawned real daemon in a scratch HOME, and the scripted model server."""
+"""Shared fixtures: a spawned real daemon in a scratch HOME (one per test, or one per module for
+tests that each work in a project of their own), and the scripted model server."""
 
 from __future__ import annotations
 
@@ -30,3 +31,17 @@ def spawn() -> Iterator[type[SpawnedDaemon]]:
 def daemon(spawn: type[SpawnedDaemon]) -> SpawnedDaemon:
     """A running daemon with an empty scratch HOME."""
     return spawn().start()
+
+
+
+@pytest.fixture(scope="module")
+def module_daemon() -> Iterator[SpawnedDaemon]:
+    """One running daemon with an empty scratch HOME, shared by a module's tests. For tests that
+    each work in a fresh project of their own and assert nothing daemon-wide; a test that
+    kills, restarts or reconfigures its daemon takes ``daemon`` instead."""
+    d = SpawnedDaemon().start()
+    try:
+        yield d
+    finally:
+        d.cleanup()
+

@@ -10,6 +10,10 @@ reaches a defined result (a failed run with its cause, a documented fallback, or
 within its configured deadline (``[model.deadlines]`` in config.toml, small here), a background
 failure is counted in ``daemon.status`` with its cause, nothing is written to the memory or
 skill directories, and the daemon keeps answering.
+
+The cases share a few spawned daemons per module (one per deadline and settings: the hang
+cases get a 1 s deadline to wait out), each case in a fresh git project of its own and
+asserting on what the daemon's counters gained during the case.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from qwenctxd.testing.openai_stub import Reply, ScriptedOpenAI
 from qwenctxd.testing.spawn import SpawnedDaemon
 
 DEADLINE_S = 2.0
+HANG_DEADLINE_S = 1.0  # the hang cases wait their deadline out: keep it short
 SLACK_S = 6.0  # a generous liveness bound on a loaded machine, on top of the deadline
 FEATURES = ("recall", "forget", "extract", "dream", "skill_review", "speculation")
 
@@ -62,29 +67,53 @@ def tree_hash(*roots: Path) -> dict[str, str]:
     return out
 
 
-class Rig:
-    """A spawned daemon with small feature deadlines whose every model request gets ``fault``,
-    and a git project ``~/repo`` with one project memory."""
+class SharedDaemon:
+    """One spawned daemon (and the scripted server all its model requests go to) that the cases
+    of this module share, each in a project of its own: small feature deadlines, auto-skill on,
+    the openai client already imported (its cold import on a loaded machine can take longer than
+    the small deadlines)."""
 
-    def __init__(self, spawn: Any, stub: ScriptedOpenAI, fault: str,
-                 memory_settings: dict[str, Any] | None = None) -> None:
-        self.fault = fault
-        stub.handler = lambda body: reply_for(fault)
-        d: SpawnedDaemon = spawn(env={"OPENAI_BASE_URL": stub.base_url,
-                                      "OPENAI_MODEL": "stub-model", "OPENAI_API_KEY": "k",
-                                      "QWENCTXD_FAST_MODEL": "stub-fast"})
+    def __init__(self, stub: ScriptedOpenAI, deadline_s: float,
+                 memory_settings: dict[str, Any]) -> None:
+        self.stub, self.deadline_s, self.cases = stub, deadline_s, 0
+        d = SpawnedDaemon(env={"OPENAI_BASE_URL": stub.base_url, "OPENAI_MODEL": "stub-model",
+                               "OPENAI_API_KEY": "k", "QWENCTXD_FAST_MODEL": "stub-fast"})
+        self.d = d
         conf = d.home / ".config" / "qwenctxd" / "config.toml"
         conf.parent.mkdir(parents=True)
-        conf.write_text("[model.deadlines]\n" + "".join(f"{f}_s = {DEADLINE_S}\n"
+        conf.write_text("[model.deadlines]\n" + "".join(f"{f}_s = {deadline_s}\n"
                                                          for f in FEATURES))
         settings = d.home / ".qwen" / "settings.json"
         settings.parent.mkdir(parents=True)
         settings.write_text(json.dumps({"memory": {"enableAutoSkill": True,
                                                    "autoSkillToolCalls": 1000,
-                                                   **(memory_settings or {})}}))
-        self.d = d.start()
-        self.stub = stub
-        self.repo = d.home / "repo"
+                                                   **memory_settings}}))
+        d.start()
+        assert d.call("daemon.status")["model"]["deadlines"]["extract"] == deadline_s
+        warm = d.home / "warm-up"
+        (warm / ".git").mkdir(parents=True)
+        stub.handler = lambda body: GARBAGE["random_text"]
+        d.call("memory.recall", {"cwd": str(warm), "query": "warm up"})
+        deadline = time.monotonic() + 30
+        while not d.call("daemon.status")["model"]["imported"]:
+            assert time.monotonic() < deadline, "the openai client never loaded"
+            time.sleep(0.05)
+        assert d.call("daemon.drain", {"timeout_s": 30})["drained"] is True
+
+
+class Rig:
+    """One case on a shared daemon whose every model request gets ``fault``: a fresh git
+    project ``~/case-N`` with one project memory, and what the daemon had counted before the
+    case (its counters are the daemon's, so a case asserts on what changed since)."""
+
+    def __init__(self, shared: SharedDaemon, fault: str) -> None:
+        self.fault, self.stub, self.d = fault, shared.stub, shared.d
+        self.deadline_s = shared.deadline_s
+        d = self.d
+        self.drain()  # nothing of an earlier case is still running
+        shared.cases += 1
+        self.stub.handler = lambda body: reply_for(fault)
+        self.repo = d.home / f"case-{shared.cases}"
         (self.repo / ".git").mkdir(parents=True)
         (self.repo / "app.py").write_text("print('hi')\n")
         roots = d.call("memory.status", {"cwd": str(self.repo)})["roots"]
@@ -97,13 +126,8 @@ class Rig:
         while not d.call("memory.list", {"cwd": str(self.repo)})["docs"]:
             assert time.monotonic() < deadline, "the seeded memory never showed up"
             time.sleep(0.05)
-        assert d.call("daemon.status")["model"]["deadlines"]["extract"] == DEADLINE_S
-        # the first model call imports the openai package, which a cold start on a loaded
-        # machine can take longer than the small deadlines: warm it up before measuring
-        d.call("memory.recall", {"cwd": str(self.repo), "query": "warm up"})
-        while not d.call("daemon.status")["model"]["imported"]:
-            assert time.monotonic() < deadline + 20, "the openai client never loaded"
-            time.sleep(0.05)
+        self.bg_before = self.background()
+        self.requests_before = len(self.stub.chat_requests)
 
     def guarded(self) -> dict[str, str]:
         """Everything a failed run must leave alone: memory roots, skill dirs and drafts."""
@@ -129,19 +153,25 @@ class Rig:
         bg: dict[str, Any] = self.d.call("daemon.status")["background"]
         return bg
 
+    def failed(self, kind: str) -> int:
+        """How many ``kind`` runs failed during this case."""
+        now = self.background()["failed_by_kind"].get(kind, 0)
+        return int(now - self.bg_before["failed_by_kind"].get(kind, 0))
+
     def agent_saw(self) -> list[dict[str, Any]]:
-        """The bodies of the requests the agents made (the system prompt is the agent's)."""
-        return [r.body for r in self.stub.chat_requests
+        """The bodies of this case's requests the agents made (the system prompt is theirs)."""
+        return [r.body for r in self.stub.chat_requests[self.requests_before:]
                 if any(m.get("role") == "tool" for m in r.body.get("messages", []))]
 
     def assert_failed_run(self, kind: str, started: float) -> None:
         """A background ``kind`` run failed with the fault's cause, and said so in time."""
         took = time.monotonic() - started
-        assert took < DEADLINE_S + SLACK_S, took
+        assert took < self.deadline_s + SLACK_S, took
         causes = ENDPOINT_FAULTS[self.fault][1]
-        bg = self.background()
-        assert bg["failed_by_kind"].get(kind, 0) >= 1, bg
-        failures = [f for f in bg["recent_failures"] if f["kind"] == kind]
+        assert self.failed(kind) >= 1, self.background()
+        earlier = {f["id"] for f in self.bg_before["recent_failures"]}
+        failures = [f for f in self.background()["recent_failures"]
+                    if f["kind"] == kind and f["id"] not in earlier]
         assert failures and all(f["cause"] in causes for f in failures), (causes, failures)
 
     def assert_alive(self) -> None:
@@ -149,10 +179,31 @@ class Rig:
         assert self.d.call("memory.list", {"cwd": str(self.repo)})["docs"]
 
 
+@pytest.fixture(scope="module")
+def shared_daemons() -> Any:
+    """(deadline, memory settings) → the module's daemon for it, started on first use: the hang
+    cases get the short deadline, the others the usual one; all are stopped after the module."""
+    made: dict[str, SharedDaemon] = {}
+    with ScriptedOpenAI() as stub:
+        def get(deadline_s: float, memory_settings: dict[str, Any]) -> SharedDaemon:
+            key = json.dumps([deadline_s, memory_settings], sort_keys=True)
+            if key not in made:
+                made[key] = SharedDaemon(stub, deadline_s, memory_settings)
+            return made[key]
+        try:
+            yield get
+        finally:
+            for shared in made.values():
+                shared.d.cleanup()
+
+
 @pytest.fixture
-def stub() -> Any:
-    with ScriptedOpenAI() as s:
-        yield s
+def rig_for(shared_daemons: Any) -> Any:
+    """``rig_for(fault, memory_settings=None)`` → a fresh case on the matching shared daemon."""
+    def make(fault: str, memory_settings: dict[str, Any] | None = None) -> Rig:
+        deadline = HANG_DEADLINE_S if fault == "hang" else DEADLINE_S
+        return Rig(shared_daemons(deadline, memory_settings or {}), fault)
+    return make
 
 
 def garbage_tool_errors(rig: Rig) -> None:
@@ -165,8 +216,8 @@ def garbage_tool_errors(rig: Rig) -> None:
 
 
 @pytest.mark.parametrize("fault", FAULTS)
-def test_extraction(spawn, stub: ScriptedOpenAI, fault: str) -> None:  # type: ignore[no-untyped-def]
-    rig = Rig(spawn, stub, fault)
+def test_extraction(rig_for: Any, fault: str) -> None:
+    rig = rig_for(fault)
     before = rig.guarded()
     sid = rig.session()
     rig.drain()  # the turn's own extraction
@@ -176,19 +227,19 @@ def test_extraction(spawn, stub: ScriptedOpenAI, fault: str) -> None:  # type: i
     rig.drain()
     if fault in ENDPOINT_FAULTS:
         rig.assert_failed_run("extract", started)
-        assert rig.background()["last_extract_at"] is None
+        assert rig.background()["last_extract_at"] == rig.bg_before["last_extract_at"]
     else:
-        bg = rig.background()
-        assert bg["failed_by_kind"].get("extract", 0) == 0, bg
-        assert bg["last_extract_at"] is not None
+        assert rig.failed("extract") == 0, rig.background()
+        assert rig.background()["last_extract_at"] not in (None,
+                                                           rig.bg_before["last_extract_at"])
         garbage_tool_errors(rig)
     assert rig.guarded() == before
     rig.assert_alive()
 
 
 @pytest.mark.parametrize("fault", FAULTS)
-def test_dream(spawn, stub: ScriptedOpenAI, fault: str) -> None:  # type: ignore[no-untyped-def]
-    rig = Rig(spawn, stub, fault)
+def test_dream(rig_for: Any, fault: str) -> None:
+    rig = rig_for(fault)
     before = rig.guarded()
     started = time.monotonic()
     assert rig.d.call("memory.dream", {"cwd": str(rig.repo), "force": True})["scheduled"]
@@ -197,9 +248,10 @@ def test_dream(spawn, stub: ScriptedOpenAI, fault: str) -> None:  # type: ignore
     assert st["lock"] is None
     if fault in ENDPOINT_FAULTS:
         rig.assert_failed_run("dream", started)
-        assert st["last_dream_at"] is None and rig.background()["last_dream_at"] is None
+        assert st["last_dream_at"] is None
+        assert rig.background()["last_dream_at"] == rig.bg_before["last_dream_at"]
     else:
-        assert rig.background()["failed_by_kind"].get("dream", 0) == 0
+        assert rig.failed("dream") == 0
         assert st["last_dream_at"] is not None
         garbage_tool_errors(rig)
     assert rig.guarded() == before
@@ -207,8 +259,8 @@ def test_dream(spawn, stub: ScriptedOpenAI, fault: str) -> None:  # type: ignore
 
 
 @pytest.mark.parametrize("fault", FAULTS)
-def test_skill_review(spawn, stub: ScriptedOpenAI, fault: str) -> None:  # type: ignore[no-untyped-def]
-    rig = Rig(spawn, stub, fault)
+def test_skill_review(rig_for: Any, fault: str) -> None:
+    rig = rig_for(fault)
     before = rig.guarded()
     sid = rig.session()
     rig.drain()
@@ -219,7 +271,7 @@ def test_skill_review(spawn, stub: ScriptedOpenAI, fault: str) -> None:  # type:
     if fault in ENDPOINT_FAULTS:
         rig.assert_failed_run("skill-review", started)
     else:
-        assert rig.background()["failed_by_kind"].get("skill-review", 0) == 0
+        assert rig.failed("skill-review") == 0
         garbage_tool_errors(rig)
     assert rig.d.call("skills.review.list", {"cwd": str(rig.repo)})["drafts"] == []
     assert rig.guarded() == before
@@ -227,8 +279,8 @@ def test_skill_review(spawn, stub: ScriptedOpenAI, fault: str) -> None:  # type:
 
 
 @pytest.mark.parametrize("fault", FAULTS)
-def test_speculation(spawn, stub: ScriptedOpenAI, fault: str) -> None:  # type: ignore[no-untyped-def]
-    rig = Rig(spawn, stub, fault)
+def test_speculation(rig_for: Any, fault: str) -> None:
+    rig = rig_for(fault)
     sid = rig.session()
     rig.drain()
     before = rig.guarded()
@@ -247,7 +299,7 @@ def test_speculation(spawn, stub: ScriptedOpenAI, fault: str) -> None:  # type: 
         expected = {"random_text": "completed", "bad_tool_args": "turn_limit",
                     "unknown_tool": "boundary"}[fault]
         assert status["outcome"] == expected, status
-        assert rig.background()["failed_by_kind"].get("speculation", 0) == 0
+        assert rig.failed("speculation") == 0
         if fault == "unknown_tool":
             assert status["boundary_tool"] == "frobnicate_everything"
     assert status["changed"] == [], status
@@ -258,12 +310,12 @@ def test_speculation(spawn, stub: ScriptedOpenAI, fault: str) -> None:  # type: 
 
 
 @pytest.mark.parametrize("fault", FAULTS)
-def test_recall_falls_back_to_the_lexical_index(spawn, stub: ScriptedOpenAI, fault: str) -> None:  # type: ignore[no-untyped-def]
-    rig = Rig(spawn, stub, fault)
+def test_recall_falls_back_to_the_lexical_index(rig_for: Any, fault: str) -> None:
+    rig = rig_for(fault)
     before = rig.guarded()
     started = time.monotonic()
     r = rig.d.call("memory.recall", {"cwd": str(rig.repo), "query": "release freeze Thursday"})
-    assert time.monotonic() - started < DEADLINE_S + SLACK_S
+    assert time.monotonic() - started < rig.deadline_s + SLACK_S
     assert r["strategy"] == "heuristic", r
     assert [x["path"] for x in r["docs"]] == [str(rig.memory)]
     assert "Release freeze" in r["prompt"]
@@ -276,13 +328,13 @@ def test_recall_falls_back_to_the_lexical_index(spawn, stub: ScriptedOpenAI, fau
 
 
 @pytest.mark.parametrize("fault", FAULTS)
-def test_forget_candidates_fall_back_to_term_matching(spawn, stub: ScriptedOpenAI, fault: str) -> None:  # type: ignore[no-untyped-def]
-    rig = Rig(spawn, stub, fault)
+def test_forget_candidates_fall_back_to_term_matching(rig_for: Any, fault: str) -> None:
+    rig = rig_for(fault)
     before = rig.guarded()
     started = time.monotonic()
     r = rig.d.call("memory.forget_candidates", {"cwd": str(rig.repo),
                                                 "query": "the release freeze"})
-    assert time.monotonic() - started < DEADLINE_S + SLACK_S
+    assert time.monotonic() - started < rig.deadline_s + SLACK_S
     assert [c["path"] for c in r["candidates"]] == [str(rig.memory)], r
     assert rig.memory.exists() and rig.guarded() == before  # candidates remove nothing
     rig.assert_alive()
@@ -296,11 +348,11 @@ MEMORY = ("---\nname: Deploys\ndescription: deploys go through make deploy\ntype
 
 @pytest.mark.parametrize("fault", list(ENDPOINT_FAULTS))
 @pytest.mark.parametrize("kind", ["extract", "dream", "skill-review"])
-def test_a_run_failing_after_a_write_leaves_nothing(spawn, stub: ScriptedOpenAI, kind: str,  # type: ignore[no-untyped-def]
-                                                    fault: str) -> None:
+def test_a_run_failing_after_a_write_leaves_nothing(rig_for: Any, kind: str, fault: str
+                                                    ) -> None:
     """The agent writes a whole file in its first turn and the endpoint fails on the next: the
     run is counted failed with its cause, and its write is undone (through the audit log)."""
-    rig = Rig(spawn, stub, fault, memory_settings={"autoSkillConfirm": False})
+    rig = rig_for(fault, memory_settings={"autoSkillConfirm": False})
     target = {"extract": rig.project_mem / "project" / "deploys.md",
               "dream": rig.project_mem / "project" / "deploys.md",
               "skill-review": rig.repo / ".qwen" / "skills" / "deploy-staging" / "SKILL.md",
@@ -340,7 +392,7 @@ def test_a_run_failing_after_a_write_leaves_nothing(spawn, stub: ScriptedOpenAI,
                   for s in rig.d.call("skills.list", {"cwd": str(rig.repo)})["skills"]):
             assert time.monotonic() < deadline, "the undone skill is still listed"
             time.sleep(0.05)
-    log = rig.d.call("memory.log", {})["entries"]
+    log = rig.d.call("memory.log", {"limit": 1000})["entries"]
     mine = [e for e in log if e["path"] == str(target)]
     assert [e["action"] for e in mine] == ["create", "delete", "undo"], log  # then undone
     assert mine[2]["undoes"] == mine[0]["id"]

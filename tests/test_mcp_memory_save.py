@@ -1,8 +1,10 @@
-"""``memory.save`` (what ``qwenctl mcp``'s save_memory calls) through the socket."""
+"""``memory.save`` (what ``qwenctl mcp``'s save_memory calls) through the socket: the tests share
+one daemon (``module_daemon``), each in a fresh project."""
 
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -15,9 +17,16 @@ from qwenctxd.memory import store
 from qwenctxd.testing.spawn import SpawnedDaemon
 
 
+@pytest.fixture
+def daemon(module_daemon: SpawnedDaemon) -> SpawnedDaemon:
+    """This module's tests share one daemon; each works in a project of its own."""
+    return module_daemon
+
+
 def repo_in(home: Path) -> Path:
-    repo = home / "repo"
-    (repo / ".git").mkdir(parents=True)
+    """A new git project (its own name: the daemon is shared by the module's tests)."""
+    repo = Path(tempfile.mkdtemp(prefix="repo-", dir=home))
+    (repo / ".git").mkdir()
     return repo
 
 

@@ -1,7 +1,8 @@
 """Installing outside a checkout: build the wheel with hatchling, check it holds both packages
 and every data file (bundled skills, unit files, LICENSE), install it into a fresh venv in a
 tmp dir, and run the installed entry points from there — a daemon that serves the bundled
-skills, and `qwenctl install-service` pointing the unit at the installed qwenctxd."""
+skills, and `qwenctl install-service` pointing the unit at the installed qwenctxd. Only the
+wheel is installed there (``--no-deps``); the dependencies are the test venv's."""
 
 from __future__ import annotations
 
@@ -57,15 +58,30 @@ def test_wheel_installs_and_runs_outside_the_checkout(tmp_path: Path, spawn) -> 
     assert "License-Expression: Apache-2.0" in meta
     assert "qwenctxd = qwenctxd.__main__:main" in eps and "qwenctl = qwenctl.cli:main" in eps
 
+    # A fresh venv holding only our wheel; its dependencies come from the test venv's
+    # site-packages, added as a plain path (its .pth files, the editable install among them,
+    # are not processed), so nothing resolves to the source tree.
     venv = tmp_path / "venv"
-    assert run(sys.executable, "-m", "venv", str(venv), cwd=tmp_path).returncode == 0
-    pip = run(str(venv / "bin" / "pip"), "install", "-q", str(wheel), cwd=tmp_path, timeout=180)
-    assert pip.returncode == 0, pip.stderr
+    assert run(sys.executable, "-m", "venv", "--without-pip", str(venv),
+               cwd=tmp_path).returncode == 0
     bin_ = venv / "bin"
+    purelib = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+    ours = Path(run(str(bin_ / "python"), "-c", purelib, cwd=tmp_path).stdout.strip())
+    deps = run(sys.executable, "-c", purelib, cwd=tmp_path).stdout.strip()
+    assert ours.is_dir() and Path(deps).is_dir(), (ours, deps)
+    (ours / "_test_venv_dependencies.pth").write_text(deps + "\n")
+    pip = run(sys.executable, "-m", "pip", "--python", str(bin_ / "python"), "install", "-q",
+              "--no-deps", str(wheel), cwd=tmp_path, timeout=120)
+    assert pip.returncode == 0, pip.stderr
+    check = run(sys.executable, "-m", "pip", "--python", str(bin_ / "python"), "check",
+                cwd=tmp_path)  # every Requires-Dist of the wheel is satisfied
+    assert check.returncode == 0, check.stdout + check.stderr
     where = run(str(bin_ / "python"), "-c",
-                "import qwenctxd, qwenctl; print(qwenctxd.__file__); print(qwenctl.__file__)",
-                cwd=tmp_path)
-    assert all(line.startswith(str(venv)) for line in where.stdout.split()), where.stdout
+                "import sys, qwenctxd, qwenctl; print(qwenctxd.__file__); print(qwenctl.__file__)"
+                "; print(*sys.path, sep='\\n')", cwd=tmp_path)
+    files, path = where.stdout.split()[:2], where.stdout.split()[2:]
+    assert all(f.startswith(str(venv)) for f in files), where.stdout
+    assert not any(p.startswith(str(REPO)) and not p.startswith(deps) for p in path), path
     v = run(str(bin_ / "qwenctxd"), "--version", cwd=tmp_path)
     assert v.returncode == 0 and v.stdout.split()[0] == "qwenctxd"
     h = run(str(bin_ / "qwenctl"), "--help", cwd=tmp_path)
