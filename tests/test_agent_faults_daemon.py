@@ -28,6 +28,7 @@ import pytest
 
 from qwenctxd.testing.openai_stub import Reply, ScriptedOpenAI
 from qwenctxd.testing.spawn import SpawnedDaemon
+from qwenctxd.testing.wait import until
 
 DEADLINE_S = 2.0
 HANG_DEADLINE_S = 1.0  # the hang cases wait their deadline out: keep it short
@@ -94,10 +95,8 @@ class SharedDaemon:
         (warm / ".git").mkdir(parents=True)
         stub.handler = lambda body: GARBAGE["random_text"]
         d.call("memory.recall", {"cwd": str(warm), "query": "warm up"})
-        deadline = time.monotonic() + 30
-        while not d.call("daemon.status")["model"]["imported"]:
-            assert time.monotonic() < deadline, "the openai client never loaded"
-            time.sleep(0.05)
+        until(lambda: d.call("daemon.status")["model"]["imported"], timeout=30,
+              what="the openai client loaded")
         assert d.call("daemon.drain", {"timeout_s": 30})["drained"] is True
 
 
@@ -122,10 +121,8 @@ class Rig:
         self.memory.write_text("---\nname: Release freeze\ndescription: the release freeze "
                                "starts every Thursday\ntype: project\n---\nNo merges on "
                                "Thursdays after noon.\n")
-        deadline = time.monotonic() + 10
-        while not d.call("memory.list", {"cwd": str(self.repo)})["docs"]:
-            assert time.monotonic() < deadline, "the seeded memory never showed up"
-            time.sleep(0.05)
+        until(lambda: d.call("memory.list", {"cwd": str(self.repo)})["docs"],
+              what="the seeded memory listed")
         self.bg_before = self.background()
         self.requests_before = len(self.stub.chat_requests)
 
@@ -387,11 +384,9 @@ def test_a_run_failing_after_a_write_leaves_nothing(rig_for: Any, kind: str, fau
     assert not target.exists() and rig.guarded() == before
     if kind == "skill-review":
         assert not target.parent.exists()  # not even the empty skill folder
-        deadline = time.monotonic() + 10  # the skills watcher sees the folder go
-        while any(s["name"] == "deploy-staging"
-                  for s in rig.d.call("skills.list", {"cwd": str(rig.repo)})["skills"]):
-            assert time.monotonic() < deadline, "the undone skill is still listed"
-            time.sleep(0.05)
+        until(lambda: not any(s["name"] == "deploy-staging"  # the watcher sees the folder go
+                              for s in rig.d.call("skills.list", {"cwd": str(rig.repo)})["skills"]),
+              what="the undone skill no longer listed")
     log = rig.d.call("memory.log", {"limit": 1000})["entries"]
     mine = [e for e in log if e["path"] == str(target)]
     assert [e["action"] for e in mine] == ["create", "delete", "undo"], log  # then undone

@@ -10,24 +10,12 @@ the input, a target process that must stay alive. Waiting for something to happe
 from __future__ import annotations
 
 import re
-from collections import Counter
 from pathlib import Path
 
 TESTS = Path(__file__).resolve().parent
 SLEEP_CALL = re.compile(r"\bsleep\s*\(")
 ALLOWED = re.compile(r"sleep-ok:\s*\S")
 
-#: Sleeps not converted yet, by file and exact (stripped) line, with how many such lines.
-#: TEMPORARY: these files were being rewritten on another branch at the same time (hspeed:
-#: test_agent_faults_daemon.py, test_packaging.py; tests/e2e/ belongs to the real-counterpart
-#: suite). Remove an entry once its file waits on conditions; stale entries are harmless but
-#: should go, and nothing may be added here: mark a deliberate sleep with ``sleep-ok:``.
-TEMPORARY_ALLOW: dict[str, Counter[str]] = {
-    "test_agent_faults_daemon.py": Counter({"time.sleep(0.05)": 3}),
-    "test_packaging.py": Counter({"time.sleep(0.05)": 1}),
-    "e2e/llama_server.py": Counter({"time.sleep(0.3)": 1}),
-    "e2e/test_real_endpoint_features.py": Counter({"time.sleep(0.5)": 1}),
-}
 
 
 def fixed_sleeps(text: str) -> list[tuple[int, str]]:
@@ -59,12 +47,8 @@ def test_no_fixed_sleeps_in_the_tests() -> None:
             continue
         rel = path.relative_to(TESTS).as_posix()
         hits = fixed_sleeps(path.read_text(encoding="utf-8"))
-        allowed = Counter(TEMPORARY_ALLOW.get(rel, Counter()))
-        for n, line in hits:
-            if allowed[line] > 0:
-                allowed[line] -= 1
-                continue
-            found.setdefault(rel, []).append((n, line))
+        if hits:
+            found[rel] = hits
     report = "\n".join(f"tests/{rel}:{n}: {line}" for rel, hits in found.items()
                        for n, line in hits)
     assert not found, (

@@ -17,6 +17,7 @@ from pathlib import Path
 from qwenctxd.client import Client, DaemonUnreachable
 from qwenctxd.client.errors import ClientError
 from qwenctxd.testing.spawn import SpawnedDaemon
+from qwenctxd.testing.wait import until
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = {"qwenctxd": REPO / "qwenctxd", "qwenctl": REPO / "clients" / "qwenctl" / "qwenctl"}
@@ -95,15 +96,14 @@ def test_wheel_installs_and_runs_outside_the_checkout(tmp_path: Path, spawn) -> 
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=log)
     try:
         deadline = time.monotonic() + 20
-        while True:
+        def status() -> dict:
             assert proc.poll() is None, d.log_text()
-            try:
-                with Client(d.socket, timeout=2) as c:
-                    st = c.call("daemon.status")
-                break
-            except (DaemonUnreachable, ClientError, OSError):
-                assert time.monotonic() < deadline, d.log_text()
-                time.sleep(0.05)
+            with Client(d.socket, timeout=2) as c:
+                return c.call("daemon.status")
+
+        st = until(status, timeout=max(deadline - time.monotonic(), 1.0),
+                   what="the installed daemon answering",
+                   ignoring=(DaemonUnreachable, ClientError, OSError))
         assert st["pid"] == proc.pid
         sk = run(str(bin_ / "qwenctl"), "skills", "--json", "--cwd", str(d.home), cwd=tmp_path,
                  env=env)

@@ -97,7 +97,7 @@ class LlamaServer:
                         self.started_in_s = time.monotonic() - started
                         return self
             except OSError:
-                time.sleep(0.3)
+                time.sleep(0.3)  # sleep-ok: pacing the readiness poll of a server we started
         self.stop()
         raise RuntimeError(f"llama.cpp server not up in {timeout:g}s: {self.log_text()[-2000:]}")
 

@@ -21,6 +21,7 @@ import pytest
 
 from qwenctxd.testing.chat_validation import validate_chat_body
 from qwenctxd.testing.spawn import SpawnedDaemon
+from qwenctxd.testing.wait import until
 from tests.e2e.llama_server import MODEL_ALIAS, LlamaServer
 
 pytestmark = pytest.mark.real_endpoint
@@ -188,14 +189,13 @@ def test_every_feature_against_llama_cpp(real_daemon: SpawnedDaemon, llama: Llam
     # speculation: a defined outcome within its deadline
     spec = call(d, "speculation.start", {"session_id": sid,
                                          "suggestion": "add a docstring to handler_1"})
-    started = time.monotonic()
-    state: dict[str, Any] = {}
-    while time.monotonic() - started < DEADLINES["speculation_s"] + SLACK_S:
+
+    def speculation_done() -> dict[str, Any] | None:
         state = call(d, "speculation.status", {"speculation_id": spec["speculation_id"]})["status"]
-        if state["state"] not in ("pending", "running"):
-            break
-        time.sleep(0.5)
-    assert state.get("state") not in (None, "pending", "running"), state
+        return state if state["state"] not in ("pending", "running") else None
+
+    until(speculation_done, timeout=DEADLINES["speculation_s"] + SLACK_S, interval=0.5,
+          what="the speculation finished")
     call(d, "speculation.abort", {"speculation_id": spec["speculation_id"]})
 
     p = tool_turn(d, sid, "Thanks, that is all.", 30)
