@@ -175,7 +175,12 @@ def test_every_feature_against_llama_cpp(real_daemon: SpawnedDaemon, llama: Llam
     # extraction and dream: background runs counted as completed or failed with a cause
     before = call(d, "daemon.status")["background"]
     res = call(d, "memory.extract", {"session_id": sid})
-    assert res["scheduled"] is True, res
+    if not res["scheduled"]:
+        # the automatic extraction after the last complete reply may have got there first:
+        # then it must have run (or failed with a cause) and left nothing new to extract
+        assert res["reason"] == "no_new_messages", res
+        ran = before["last_extract_at"] is not None or before["failed_by_kind"].get("extract")
+        assert ran or any(t["kind"] == "extract" for t in before["in_flight"]), before
     res = call(d, "memory.dream", {"cwd": str(proj), "force": True})
     assert "scheduled" in res, res
     st = wait_drained(d, DEADLINES["extract_s"] + DEADLINES["dream_s"] + 2 * SLACK_S)
