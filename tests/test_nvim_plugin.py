@@ -217,7 +217,9 @@ SCENARIO = r"""
   R.recall = view_lines("recall")
   vim.cmd("QwenCtxPrompt")
   R.prompt = view_lines("prompt")
-  vim.wait(200)
+  -- every command above was awaited (its view filled or its note came); one more round trip
+  -- lets anything the plugin still had scheduled (vim.schedule'd notifications) run first
+  R.sentinel = await(function(cb) qc.status(cb) end, 8000)
   R.command_errors = errors_since(n1)
 """
 
@@ -283,6 +285,7 @@ def test_assemble_commands_and_reconnect_after_restart(
     assert all(t in second["joined"] for t in ("first", "hello", "hello again")), second
     assert second["reencoded"]
 
+    assert r["sentinel"] is True, "the status request after the commands never answered"
     assert r["command_errors"] == [], r["command_errors"]
     status = r["status"]["lines"]
     assert status[0] == "qwenctxd status"
