@@ -1,6 +1,6 @@
 """Tests synchronise on conditions, never on fixed sleeps.
 
-Every ``sleep(`` call written in tests/ (Python, or Lua and ``python -c`` code inside strings)
+Every ``sleep(`` call (and Neovim's ``vim.wait(ms)`` without a condition) written in tests/ (Python, or Lua and ``python -c`` code inside strings)
 must say why it is not a synchronisation with a ``sleep-ok: <reason>`` comment on the same
 line: a delay that opens the window under test, a gap between two requests that is itself
 the input, a target process that must stay alive. Waiting for something to happen goes through
@@ -13,9 +13,9 @@ import re
 from pathlib import Path
 
 TESTS = Path(__file__).resolve().parent
-SLEEP_CALL = re.compile(r"\bsleep\s*\(")
+# a sleep call, or Neovim's vim.wait(ms) without a condition (a fixed wait by another name)
+SLEEP_CALL = re.compile(r"\bsleep\s*\(|\bvim\.wait\(\s*[\w.]+\s*\)")
 ALLOWED = re.compile(r"sleep-ok:\s*\S")
-
 
 
 def fixed_sleeps(text: str) -> list[tuple[int, str]]:
@@ -35,9 +35,12 @@ def test_the_scanner_flags_unmarked_sleeps_only() -> None:
         "await anyio.sleep_forever()",
         "d.call('debug.sleep_task', {'seconds': 1})",
         "cmd = 'sleep 30; echo too-late'",
+        "vim.wait(200)",
+        "vim.wait(3000, function() return done end, 10)",
     ])
     assert fixed_sleeps(sample) == [(1, "time.sleep(0.5)"), (2, "await anyio.sleep (1)"),
-                                    (3, "vim.loop.sleep(20)"), (6, "time.sleep(1)  # sleep-ok:")]
+                                    (3, "vim.loop.sleep(20)"), (6, "time.sleep(1)  # sleep-ok:"),
+                                    (10, "vim.wait(200)")]
 
 
 def test_no_fixed_sleeps_in_the_tests() -> None:
