@@ -5,6 +5,7 @@ Paths are kept short (AF_UNIX allows 107 bytes) by rooting the scratch tree in /
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -12,13 +13,12 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 from qwenctxd.client import Client, DaemonUnreachable
 from qwenctxd.client.errors import ClientError
-from qwenctxd.testing.wait import until
+from qwenctxd.testing.wait import WaitTimeout, until
 
 #: pids of daemons started by a live SpawnedDaemon of this process: each one stops its own,
 #: so another instance on the same tree (a restart) must never kill it.
@@ -101,18 +101,19 @@ class SpawnedDaemon:
         return self
 
     def wait_ready(self, timeout: float = 15.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        """Return once the daemon answers a ping; RuntimeError if it exited first,
+        TimeoutError (with its log) if it never answered."""
+        def pong() -> bool:
             if self.proc is not None and self.proc.poll() is not None:
                 raise RuntimeError(f"daemon exited with {self.proc.returncode}:\n{self.log_text()}")
-            try:
-                with Client(self.socket, timeout=2) as c:
-                    if c.call("daemon.ping") == "pong":
-                        return
-            except (DaemonUnreachable, ClientError, OSError):
-                pass
-            time.sleep(0.02)
-        raise TimeoutError(f"daemon not ready after {timeout}s:\n{self.log_text()}")
+            with Client(self.socket, timeout=2) as c:
+                return bool(c.call("daemon.ping") == "pong")
+
+        try:
+            until(pong, timeout=timeout, interval=0.02, what="the daemon answering a ping",
+                  ignoring=(DaemonUnreachable, ClientError, OSError))
+        except WaitTimeout:
+            raise TimeoutError(f"daemon not ready after {timeout}s:\n{self.log_text()}") from None
 
     def client(self, **kw: Any) -> Client:
         return Client(self.socket, **kw)
@@ -171,9 +172,8 @@ class SpawnedDaemon:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             return
-        deadline = time.monotonic() + 5
-        while not _gone_or_zombie(pid) and time.monotonic() < deadline:
-            time.sleep(0.01)
+        with contextlib.suppress(WaitTimeout):  # a process stuck in the kernel: move on
+            until(lambda: _gone_or_zombie(pid), timeout=5, interval=0.01, what=f"pid {pid} gone")
 
     def logged(self, event: str) -> bool:
         """Whether the daemon's JSON log has a line with this ``event``."""
