@@ -53,7 +53,7 @@ import structlog
 from qwenctxd.agents.audit import AuditEntry, AuditLog
 from qwenctxd.agents.dream_prompts import SYSTEM, TASK
 from qwenctxd.agents.lock import ConsolidationLock
-from qwenctxd.agents.permissions import MemoryWriteScope
+from qwenctxd.agents.permissions import MemoryWriteScope, ReadScope
 from qwenctxd.agents.runner import AgentOutcome, AgentSpec, run_agent
 from qwenctxd.agents.tools import ToolContext
 from qwenctxd.fsutil import read_regular
@@ -463,9 +463,10 @@ class Dreamer:
         plan_path = root / PLAN_FILENAME
         scope = MemoryWriteScope(writable_roots=[root], team_root=roots.team)
         dream_audit = _PlanCapturingAudit(audit, plan_path)
-        ctx = ToolContext.real_tree(root, scope, dream_audit, agent=AGENT_NAME,
-                                    session=session_id, allow_shell=False)
         transcripts = chats_dir(project_key)
+        ctx = ToolContext.real_tree(root, scope, dream_audit, agent=AGENT_NAME,
+                                    session=session_id, allow_shell=False,
+                                    read_scope=ReadScope.of(root, roots.user, transcripts))
         existing = await anyio.to_thread.run_sync(_existing_listing, root)
         spec = AgentSpec(
             name="memory-dreamer", system=SYSTEM,
