@@ -210,10 +210,11 @@ class _PlanCapturingAudit(AuditLog):
     def _is_plan(self, path: Path) -> bool:
         return Path(os.path.normpath(path)) == self._plan
 
-    def write_file(self, path: Path, text: str, *, agent: str, session: str | None
-                   ) -> AuditEntry:
+    def write_file(self, path: Path, text: str, *, agent: str, session: str | None,
+                   mode: int = 0o600, dir_mode: int | None = 0o700) -> AuditEntry:
         if not self._is_plan(path):
-            return self._inner.write_file(path, text, agent=agent, session=session)
+            return self._inner.write_file(path, text, agent=agent, session=session,
+                                          mode=mode, dir_mode=dir_mode)
         action = "create" if self.plan_text is None else "edit"
         self.plan_text = text
         return AuditEntry(id="dream-plan", time=time.time(), agent=agent, session=session,
@@ -461,7 +462,7 @@ class Dreamer:
         root = roots.project
         assert root is not None
         plan_path = root / PLAN_FILENAME
-        scope = MemoryWriteScope(writable_roots=[root], team_root=roots.team)
+        scope = MemoryWriteScope.memory([root], team_root=roots.team)
         dream_audit = _PlanCapturingAudit(audit, plan_path)
         transcripts = chats_dir(project_key)
         ctx = ToolContext.real_tree(root, scope, dream_audit, agent=AGENT_NAME,

@@ -142,7 +142,7 @@ class Extractor:
         proj = await self.memory.project(req.cwd)
         roots = proj.roots
         writable = [r for r in (roots.project, roots.user) if r is not None]
-        scope = MemoryWriteScope(writable_roots=writable, team_root=roots.team)
+        scope = MemoryWriteScope.memory(writable, team_root=roots.team)
         reads = ReadScope.of(self.memory._project_root(req.cwd), req.cwd, roots.project,
                              roots.user, roots.team)
         ctx = ToolContext.real_tree(req.cwd, scope, self.audit, agent="extraction",

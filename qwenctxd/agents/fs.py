@@ -160,7 +160,8 @@ class RealTreeFS(AgentFS):
 
     def write_text(self, path: Path, text: str) -> bool:
         entry = self.audit.write_file(_through_leaf_link(path), text, agent=self.agent,
-                                      session=self.session)
+                                      session=self.session, mode=self.scope.file_mode,
+                                      dir_mode=self.scope.dir_mode)
         self._changes.append(entry)
         return entry.action == "create"
 

@@ -62,6 +62,16 @@ class MemoryWriteScope:
     writable_roots: Sequence[Path]
     team_root: Path | None = None
     denied_roots: Sequence[Path] = field(default_factory=list)
+    file_mode: int = 0o644  # a file the agent creates (memory scopes: 0600, see memory())
+    dir_mode: int | None = None  # a folder the agent creates (memory scopes: 0700)
+
+    @classmethod
+    def memory(cls, writable_roots: Sequence[Path], team_root: Path | None = None
+               ) -> MemoryWriteScope:
+        """A scope over memory roots: what the agent creates there is private to the user
+        (files 0600, folders 0700); existing files keep their modes."""
+        return cls(writable_roots=writable_roots, team_root=team_root, file_mode=0o600,
+                   dir_mode=0o700)
 
     def check_write(self, raw: str | Path) -> Verdict:
         path = Path(raw)
