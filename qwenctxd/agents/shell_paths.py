@@ -175,10 +175,14 @@ def _judge_path(piece: str, shown: str, env: _Env) -> None:
         raise _Refuse(f"argument {shown!r}: {why}")
 
 
-def _walk_check(directory: str, env: _Env) -> None:
+def _walk_check(directory: str, env: _Env, follow: bool) -> None:
+    """Refuse when the search would read a file the agent may not; links inside the tree
+    count only when the search follows them (``grep -R``, ``rg -L``, ``diff -r``)."""
     seen = 0
     for dirpath, dirnames, filenames in os.walk(directory):
         for name in (*dirnames, *filenames):
+            if not follow and os.path.islink(os.path.join(dirpath, name)):
+                continue
             seen += 1
             if seen > _MAX_WALK:
                 raise _Refuse("a recursive search over more than "
@@ -188,6 +192,17 @@ def _walk_check(directory: str, env: _Env) -> None:
                 raise _Refuse(f"the recursive search would read "
                               f"{os.path.join(dirpath, name)}: {why}; use grep_search (it "
                               "skips such files) or name the directories to search")
+
+
+def _follows(name: str, args: list[Node]) -> bool:
+    """Whether a recursive search follows links found inside the tree."""
+    texts = [_arg(a).text or "" for a in args]
+    short = "".join(t[1:] for t in texts if t.startswith("-") and not t.startswith("--"))
+    if name == "diff":
+        return True
+    if name in ("rg", "ag"):
+        return "L" in short or "f" in short and name == "ag" or "--follow" in texts
+    return "R" in short or "--dereference-recursive" in texts
 
 
 def _recursive_dirs(name: str, args: list[Node], values: list[list[str]], env: _Env
@@ -267,7 +282,7 @@ def _on_command(node: Node, env: _Env, depth: int) -> None:
             for piece in _pieces(v):
                 _judge_path(piece, _src(a), env)
     for directory in _recursive_dirs(name, args, values, env):
-        _walk_check(directory, env)
+        _walk_check(directory, env, _follows(name, args))
 
 
 def _on_redirect(node: Node, env: _Env) -> None:
