@@ -110,6 +110,9 @@ SHELL_REFUSED = [
     "timeout 5 cat id_rsa", "git show HEAD:.env", "git grep AKIA",
     "sed -n 1p .env", "sed '1r /etc/passwd' README.md", "sed 1r.env README.md",
     "awk '{getline l < \"/etc/passwd\"; print l}' README.md", "awk 1 .env",
+    'awk "BEGIN{getline l < \\"$HOME/notes\\"; print l}"', "jq . ~/.docker/config.json",
+    "cat <<EOF\n$(cat .env)\nEOF", 'cat <<< "$(head id_rsa)"', "cat ~+/.env", 'cat "$PWD/.env"',
+    "cat /proc/self/cwd/.env", "git log -p -- .env", "cat .en?", "od -c id_rsa",
     "grep -f/etc/passwd README.md", "grep --file=/etc/passwd README.md", "cat /etc/passwd",
     "ls ~/.ssh", "ls /", "diff -r src out", "for f in *; do cat $f; done", "cat ~root/.bashrc",
     "jq -n 'import \"x\" as $x; $x'", "cat /proc/self/environ", "stat .env",
@@ -121,6 +124,7 @@ SHELL_ALLOWED = [
     "cat .env.example", "find . -name '*.py'", "cat README.md 2>/dev/null", "echo ~/.aws",
     "pwd", "grep TODO README.md | head -1", "cat src/app.py | wc -l", "ls -la",
     "test -f .env && echo yes", "sort README.md", "tree src", "du -sh src",
+    "awk '{print $1}' README.md", "jq -n 1", "sed -n 1p README.md", "git show HEAD:README.md",
 ]
 
 

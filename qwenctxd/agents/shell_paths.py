@@ -259,13 +259,6 @@ def _on_command(node: Node, env: _Env, depth: int) -> None:
         return
     if name == "sed":
         _sed(name, lits, depth, reads=False)
-    if name == "awk" and any(t is None or _AWK_READS.search(t) for t in texts):
-        raise _Refuse("awk's getline and ARGV read files the "
-                      "command line does not name")
-    if name == "jq" and any(t is None or _JQ_MODULES.search(t) or t.startswith("-L")
-                            or t == "--library-path" for t in texts):
-        raise _Refuse("jq modules read files the command line "
-                      "does not name")
     if name == "git" and "grep" in [t for t in texts if t and not t.startswith("-")][:1]:
         raise _Refuse("git grep reads every tracked file, "
                       "credential files included; use grep_search")
@@ -281,6 +274,12 @@ def _on_command(node: Node, env: _Env, depth: int) -> None:
         for v in vals:
             for piece in _pieces(v):
                 _judge_path(piece, _src(a), env)
+    words = [v for vs in values for v in vs]
+    if name == "awk" and any(_AWK_READS.search(v) for v in words):
+        raise _Refuse("awk's getline and ARGV read files the command line does not name")
+    if name == "jq" and any(_JQ_MODULES.search(v) or v.startswith("-L") or v == "--library-path"
+                            for v in words):
+        raise _Refuse("jq modules read files the command line does not name")
     for directory in _recursive_dirs(name, args, values, env):
         _walk_check(directory, env, _follows(name, args))
 
