@@ -1,6 +1,8 @@
-"""Small filesystem helpers shared by every subsystem (below all of them): atomic writes, and
-reads that refuse anything but a regular file (a FIFO named QWEN.md would block a worker
-thread forever; a device would never end)."""
+"""Small filesystem helpers shared by every subsystem (below all of them): atomic writes (a new
+file gets the caller's mode — 0600 for memory — an existing one keeps its own; missing
+folders are made with the caller's folder mode — 0700 for memory), and reads that refuse
+anything but a regular file (a FIFO named QWEN.md would block a worker thread forever; a
+device would never end)."""
 
 from __future__ import annotations
 
@@ -46,11 +48,36 @@ def read_regular(path: str | os.PathLike[str], limit: int | None = None) -> byte
         return f.read() if limit is None else f.read(limit)
 
 
+PRIVATE_FILE_MODE = 0o600
+PRIVATE_DIR_MODE = 0o700
+
+
+def make_dirs(path: Path, mode: int | None = None) -> None:
+    """``mkdir -p path``; with ``mode``, every folder this call creates gets exactly ``mode``
+    (whatever the umask), and folders that already exist are left as they are."""
+    if mode is None:
+        path.mkdir(parents=True, exist_ok=True)
+        return
+    missing: list[Path] = []
+    probe = path
+    while not probe.exists() and probe != probe.parent:
+        missing.append(probe)
+        probe = probe.parent
+    for directory in reversed(missing):
+        try:
+            directory.mkdir(mode)
+        except FileExistsError:
+            continue  # made meanwhile by someone else: theirs, as they made it
+        os.chmod(directory, mode)
+    if not path.is_dir():
+        path.mkdir(parents=True, exist_ok=True)  # raises the right error (a file in the way)
+
+
 @contextmanager
-def _replacing(path: Path, mode: int) -> Iterator[BinaryIO]:
+def _replacing(path: Path, mode: int, dir_mode: int | None = None) -> Iterator[BinaryIO]:
     """A temp file in ``path``'s directory to write; on a clean exit it is fsynced, given
     ``mode`` and renamed over ``path``; on any error it is removed and ``path`` is untouched."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_dirs(path.parent, dir_mode)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
@@ -67,16 +94,17 @@ def _replacing(path: Path, mode: int) -> Iterator[BinaryIO]:
         raise
 
 
-def atomic_write(path: Path, data: str | bytes) -> None:
+def atomic_write(path: Path, data: str | bytes, *, mode: int = 0o644,
+                 dir_mode: int | None = None) -> None:
     """Write ``data`` to ``path`` so readers see the old file or the new one, never a part:
-    a temp file in the same directory, fsync, the old file's mode kept, then rename. Text is
-    written as UTF-8 with no newline translation."""
-    mode = 0o644
+    a temp file in the same directory, fsync, the old file's mode kept (``mode`` only for a
+    file that does not exist yet; missing folders made with ``dir_mode``), then rename. Text
+    is written as UTF-8 with no newline translation."""
     try:
         mode = os.stat(path).st_mode & 0o7777
     except FileNotFoundError:
         pass
-    with _replacing(path, mode) as f:
+    with _replacing(path, mode, dir_mode) as f:
         f.write(data.encode("utf-8") if isinstance(data, str) else data)
 
 

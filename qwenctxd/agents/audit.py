@@ -21,7 +21,13 @@ from typing import Any
 
 import msgspec
 
-from qwenctxd.fsutil import atomic_write, read_regular
+from qwenctxd.fsutil import (
+    PRIVATE_DIR_MODE,
+    PRIVATE_FILE_MODE,
+    atomic_write,
+    make_dirs,
+    read_regular,
+)
 
 MAX_HISTORY_FILES = 2_000
 MAX_HISTORY_BYTES = 64 * 1024 * 1024
@@ -63,7 +69,7 @@ class AuditLog:
 
     # -- recording ------------------------------------------------------------------------------
     def _append(self, entry: AuditEntry) -> None:
-        self.directory.mkdir(parents=True, exist_ok=True)
+        make_dirs(self.directory, PRIVATE_DIR_MODE)
         line = msgspec.json.encode(entry) + b"\n"
         with self._lock:
             fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
@@ -74,9 +80,9 @@ class AuditLog:
                 os.close(fd)
 
     def _backup(self, entry_id: str, data: bytes) -> str:
-        self.history.mkdir(parents=True, exist_ok=True)
+        make_dirs(self.history, PRIVATE_DIR_MODE)
         target = self.history / f"{entry_id}.bak"
-        atomic_write(target, data)
+        atomic_write(target, data, mode=PRIVATE_FILE_MODE)  # copies of memories: private too
         self._prune()
         return str(target)
 
@@ -92,8 +98,11 @@ class AuditLog:
             victim.unlink(missing_ok=True)
 
     def write_file(self, path: Path, text: str | bytes, *, agent: str,
-                   session: str | None) -> AuditEntry:
-        """Record, then atomically write ``text`` to ``path`` (create or edit)."""
+                   session: str | None, mode: int = PRIVATE_FILE_MODE,
+                   dir_mode: int | None = PRIVATE_DIR_MODE) -> AuditEntry:
+        """Record, then atomically write ``text`` to ``path`` (create or edit). A new file
+        gets ``mode`` and missing folders ``dir_mode`` (memory: 0600/0700); an existing file
+        keeps its mode."""
         before = _read(path)
         payload = text.encode() if isinstance(text, str) else text
         entry_id = f"{int(time.time())}-{uuid.uuid4().hex[:8]}"
@@ -103,7 +112,7 @@ class AuditLog:
             sha256_after=sha256(payload),
             backup=self._backup(entry_id, before) if before is not None else None)
         self._append(entry)
-        atomic_write(path, payload)
+        atomic_write(path, payload, mode=mode, dir_mode=dir_mode)
         return entry
 
     def delete_file(self, path: Path, *, agent: str, session: str | None) -> AuditEntry | None:

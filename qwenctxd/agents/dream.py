@@ -53,7 +53,7 @@ import structlog
 from qwenctxd.agents.audit import AuditEntry, AuditLog
 from qwenctxd.agents.dream_prompts import SYSTEM, TASK
 from qwenctxd.agents.lock import ConsolidationLock
-from qwenctxd.agents.permissions import MemoryWriteScope
+from qwenctxd.agents.permissions import MemoryWriteScope, ReadScope
 from qwenctxd.agents.runner import AgentOutcome, AgentSpec, run_agent
 from qwenctxd.agents.tools import ToolContext
 from qwenctxd.fsutil import read_regular
@@ -210,10 +210,11 @@ class _PlanCapturingAudit(AuditLog):
     def _is_plan(self, path: Path) -> bool:
         return Path(os.path.normpath(path)) == self._plan
 
-    def write_file(self, path: Path, text: str, *, agent: str, session: str | None
-                   ) -> AuditEntry:
+    def write_file(self, path: Path, text: str, *, agent: str, session: str | None,
+                   mode: int = 0o600, dir_mode: int | None = 0o700) -> AuditEntry:
         if not self._is_plan(path):
-            return self._inner.write_file(path, text, agent=agent, session=session)
+            return self._inner.write_file(path, text, agent=agent, session=session,
+                                          mode=mode, dir_mode=dir_mode)
         action = "create" if self.plan_text is None else "edit"
         self.plan_text = text
         return AuditEntry(id="dream-plan", time=time.time(), agent=agent, session=session,
@@ -461,11 +462,12 @@ class Dreamer:
         root = roots.project
         assert root is not None
         plan_path = root / PLAN_FILENAME
-        scope = MemoryWriteScope(writable_roots=[root], team_root=roots.team)
+        scope = MemoryWriteScope.memory([root], team_root=roots.team)
         dream_audit = _PlanCapturingAudit(audit, plan_path)
-        ctx = ToolContext.real_tree(root, scope, dream_audit, agent=AGENT_NAME,
-                                    session=session_id, allow_shell=False)
         transcripts = chats_dir(project_key)
+        ctx = ToolContext.real_tree(root, scope, dream_audit, agent=AGENT_NAME,
+                                    session=session_id, allow_shell=False,
+                                    read_scope=ReadScope.of(root, roots.user, transcripts))
         existing = await anyio.to_thread.run_sync(_existing_listing, root)
         spec = AgentSpec(
             name="memory-dreamer", system=SYSTEM,

@@ -23,7 +23,7 @@ import structlog
 
 from qwenctxd.agents.audit import AuditLog
 from qwenctxd.agents.extraction_prompts import SYSTEM, TASK
-from qwenctxd.agents.permissions import MemoryWriteScope
+from qwenctxd.agents.permissions import MemoryWriteScope, ReadScope
 from qwenctxd.agents.runner import AgentOutcome, AgentSpec, run_agent
 from qwenctxd.agents.tools import ToolContext
 from qwenctxd.memory import store
@@ -142,9 +142,11 @@ class Extractor:
         proj = await self.memory.project(req.cwd)
         roots = proj.roots
         writable = [r for r in (roots.project, roots.user) if r is not None]
-        scope = MemoryWriteScope(writable_roots=writable, team_root=roots.team)
+        scope = MemoryWriteScope.memory(writable, team_root=roots.team)
+        reads = ReadScope.of(self.memory._project_root(req.cwd), req.cwd, roots.project,
+                             roots.user, roots.team)
         ctx = ToolContext.real_tree(req.cwd, scope, self.audit, agent="extraction",
-                                    session=req.session_id)
+                                    session=req.session_id, read_scope=reads)
         existing = "\n".join(
             f"- [{d.name}]({d.relative_path}) — {d.description}\n  scope={d.scope} "
             f"topic={d.type} path={d.path}\n  current={' '.join(d.body.split())[:MAX_TOPIC_SUMMARY]}"

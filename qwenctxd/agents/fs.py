@@ -5,9 +5,12 @@ its filesystem. :class:`RealTreeFS` reads the real files and writes through the 
 scope (:class:`~qwenctxd.agents.permissions.MemoryWriteScope`) and the audit log;
 :class:`OverlayTreeFS` reads overlay-first and writes into a copy-on-write
 :class:`~qwenctxd.agents.overlay.OverlayFS`, never the project. Both judge where a write lands
-by the one rule in :mod:`qwenctxd.agents.containment`. Reads are not confined (an agent may
-read its memory directories and transcripts, which live outside the project); every read opens
-regular files only (:func:`~qwenctxd.fsutil.open_regular`: a FIFO never blocks a tool).
+by the one rule in :mod:`qwenctxd.agents.containment`. Reads are confined by the same rule:
+each filesystem carries a :class:`~qwenctxd.agents.permissions.ReadScope` (the run's read roots
+— the project and the memory roots by default — and never a credential path,
+:mod:`qwenctxd.agents.credentials`); :meth:`AgentFS.read_refusal` is the one check the tools
+ask before they read, list, glob or grep, and a tree walk leaves refused files out. Every read
+opens regular files only (:func:`~qwenctxd.fsutil.open_regular`: a FIFO never blocks a tool).
 
 Methods are synchronous; the tools run them in worker threads.
 """
@@ -25,7 +28,7 @@ from wcmatch import glob as wglob
 from qwenctxd.agents.audit import AuditEntry, AuditLog
 from qwenctxd.agents.containment import is_within, real_location
 from qwenctxd.agents.overlay import OverlayFS
-from qwenctxd.agents.permissions import MemoryWriteScope
+from qwenctxd.agents.permissions import MemoryWriteScope, ReadScope
 from qwenctxd.fsutil import read_regular
 
 __all__ = ["GLOB_FLAGS", "MAX_GLOB_RESULTS", "SKIP_DIRS", "AgentFS", "OverlayTreeFS",
@@ -41,6 +44,12 @@ class AgentFS(ABC):
     """What the agent tools see of a project. Paths given are absolute and normalised."""
 
     cwd: Path
+    read_scope: ReadScope
+
+    def read_refusal(self, path: Path) -> str | None:
+        """Why ``path`` may not be read (the whole ``Error:`` line), or None."""
+        why = self.read_scope.refusal(path)
+        return None if why is None else f"Error: {why}"
 
     @abstractmethod
     def locate(self, path: Path) -> Path:
@@ -126,8 +135,10 @@ class RealTreeFS(AgentFS):
     """The real files; writes go through ``scope`` and are recorded in ``audit``."""
 
     def __init__(self, cwd: Path, scope: MemoryWriteScope, audit: AuditLog, *, agent: str,
-                 session: str | None = None) -> None:
+                 session: str | None = None, read_scope: ReadScope | None = None) -> None:
         self.cwd, self.scope, self.audit = Path(cwd), scope, audit
+        self.read_scope = read_scope if read_scope is not None else ReadScope.of(
+            cwd, *scope.writable_roots)
         self.agent, self.session = agent, session
         self._changes: list[AuditEntry] = []  # this run's audited writes and deletes, in order
 
@@ -149,7 +160,8 @@ class RealTreeFS(AgentFS):
 
     def write_text(self, path: Path, text: str) -> bool:
         entry = self.audit.write_file(_through_leaf_link(path), text, agent=self.agent,
-                                      session=self.session)
+                                      session=self.session, mode=self.scope.file_mode,
+                                      dir_mode=self.scope.dir_mode)
         self._changes.append(entry)
         return entry.action == "create"
 
@@ -183,8 +195,11 @@ class OverlayTreeFS(AgentFS):
     """A speculation's view: reads overlay-first (merged listings, deleted files hidden),
     writes into ``overlay`` (the project is untouched until the overlay is applied)."""
 
-    def __init__(self, cwd: Path, overlay: OverlayFS) -> None:
+    def __init__(self, cwd: Path, overlay: OverlayFS, read_scope: ReadScope | None = None
+                 ) -> None:
         self.cwd, self.overlay = Path(cwd), overlay
+        self.read_scope = read_scope if read_scope is not None else ReadScope.of(
+            overlay.project_root)
 
     def locate(self, path: Path) -> Path:
         return self.overlay.resolve_read(path)

@@ -8,6 +8,11 @@ symlink leaf whose target does not exist yet is refused (it could point anywhere
 is never auto-allowed (it is shared with the repository). Shell commands run only when the
 tree-sitter AST proves them read-only. Several rule sources merge with priority
 deny > ask > allow > default; for a background agent "ask" and "default" both mean no.
+
+Reads are confined too (:class:`ReadScope`): a read must land, by the same containment rule,
+inside one of the run's read roots (the project root and the memory roots; the dream adds its
+project's transcripts), and never on a credential path
+(:mod:`qwenctxd.agents.credentials`), wherever it is.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from qwenctxd.agents.containment import contained_key, is_within
+from qwenctxd.agents.credentials import credential_reason
 from qwenctxd.memory.paths import MEMORY_TYPES
 
 
@@ -56,6 +62,16 @@ class MemoryWriteScope:
     writable_roots: Sequence[Path]
     team_root: Path | None = None
     denied_roots: Sequence[Path] = field(default_factory=list)
+    file_mode: int = 0o644  # a file the agent creates (memory scopes: 0600, see memory())
+    dir_mode: int | None = None  # a folder the agent creates (memory scopes: 0700)
+
+    @classmethod
+    def memory(cls, writable_roots: Sequence[Path], team_root: Path | None = None
+               ) -> MemoryWriteScope:
+        """A scope over memory roots: what the agent creates there is private to the user
+        (files 0600, folders 0700); existing files keep their modes."""
+        return cls(writable_roots=writable_roots, team_root=team_root, file_mode=0o600,
+                   dir_mode=0o700)
 
     def check_write(self, raw: str | Path) -> Verdict:
         path = Path(raw)
@@ -88,6 +104,36 @@ class MemoryWriteScope:
                 if len(first) == 2 and first[0] in MEMORY_TYPES:
                     return first[0]
         return None
+
+
+@dataclass
+class ReadScope:
+    """Where an agent may read: inside ``roots`` (judged where a path really lands), and
+    never a credential path. ``refusal`` is the sentence the model reads, or None."""
+
+    roots: Sequence[Path]
+
+    @classmethod
+    def of(cls, *roots: Path | str | None) -> ReadScope:
+        """The scope of the given roots (None and duplicates dropped, order kept)."""
+        seen = dict.fromkeys(Path(os.path.normpath(os.path.abspath(r)))
+                             for r in roots if r is not None)
+        return cls(list(seen))
+
+    def refusal(self, raw: str | Path) -> str | None:
+        path = Path(os.path.normpath(os.path.abspath(raw)))
+        why = credential_reason(path)
+        if why is not None:
+            return (f"read refused: {raw} is {why}; background agents never read credential "
+                    "files")
+        if not any(contained_key(path, root) is not None for root in self.roots):
+            roots = ", ".join(str(r) for r in self.roots) or "(none)"
+            return (f"read refused: {raw} is outside the directories this agent may read "
+                    f"({roots})")
+        return None
+
+    def allows(self, raw: str | Path) -> bool:
+        return self.refusal(raw) is None
 
 
 def shell_verdict(command: str) -> Verdict:

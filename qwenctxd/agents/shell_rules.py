@@ -171,8 +171,9 @@ def _sed_delim(s: str, k: int) -> int:
     return -1
 
 
-def _sed_script_ok(s: str) -> bool:
-    """True when a sed script has no w/W/e commands and no s///w or s///e flags."""
+def _sed_script_ok(s: str, reads: bool = True) -> bool:
+    """True when a sed script has no w/W/e commands and no s///w or s///e flags (nor, with
+    ``reads=False``, the r/R commands that read a file the command line does not name)."""
     i, n = 0, len(s)
     while i < n:
         c = s[i]
@@ -201,6 +202,8 @@ def _sed_script_ok(s: str) -> bool:
                 i += 1
             while i < n and s[i] not in " \t\n;}":
                 i += 1
+        elif c in "rR" and not reads:
+            return False
         elif c in "aicrR#":  # text / read-file / comment: runs to the end of the line
             while i < n and s[i] != "\n":
                 i += 2 if s[i] == "\\" else 1
@@ -209,15 +212,16 @@ def _sed_script_ok(s: str) -> bool:
     return True
 
 
-def _sed(cmd: str, args: list[_Arg], depth: int) -> None:
+def _sed(cmd: str, args: list[_Arg], depth: int, *, reads: bool = True) -> None:
     opts, pos = _options(cmd, args, takes="el", bad="iIf", bad_long=("in-place", "file"),
                          long_takes=("expression", "line-length"))
     scripts = [v for k, v in opts if k == "e" or (len(k) > 1 and "expression".startswith(k))]
     if not scripts and pos:
         scripts = [pos[0]]
     for s in scripts:
-        if s is None or s.text is None or not _sed_script_ok(s.text):
-            raise _Refuse(f"sed: script {s.src if s else ''!r} may write files or run commands")
+        if s is None or s.text is None or not _sed_script_ok(s.text, reads):
+            raise _Refuse(f"sed: script {s.src if s else ''!r} may write files, run commands"
+                          f"{'' if reads else ' or read files it does not name'}")
 
 
 _FIND_ARG = frozenset(

@@ -49,7 +49,7 @@ import structlog
 
 from qwenctxd.agents.audit import AuditLog
 from qwenctxd.agents.extraction import PATH_ARGS, WRITE_TOOLS
-from qwenctxd.agents.permissions import Decision, MemoryWriteScope, Verdict
+from qwenctxd.agents.permissions import Decision, MemoryWriteScope, ReadScope, Verdict
 from qwenctxd.agents.runner import AgentOutcome, AgentSpec, run_agent
 from qwenctxd.agents.skill_review_prompts import MODE_CONFIRM, MODE_DIRECT, SYSTEM, TASK
 from qwenctxd.agents.tools import ToolContext
@@ -310,8 +310,9 @@ class SkillReviewer:
         draft_id = new_draft_id(self.clock())
         base = drafts_dir(root) / draft_id if confirm else project_skills_dir(root)
         scope = _SingleSkillScope(writable_roots=[base])
+        reads = ReadScope.of(root, cwd, base, self.qwen_dir / "skills")
         ctx = ToolContext.real_tree(cwd, scope, audit, agent=AGENT_NAME,
-                                    session=session_id, allow_shell=False)
+                                    session=session_id, allow_shell=False, read_scope=reads)
         minutes = settings.memory.agent_timeout_minutes
         try:
             if confirm:

@@ -1,9 +1,12 @@
 """The one tool set of the daemon's background agents, written once over a filesystem seam.
 
-read_file, list_directory, glob and grep_search read freely (bounded); write_file and edit
+read_file, list_directory, glob and grep_search read (bounded) only what the run's filesystem
+lets them (:meth:`~qwenctxd.agents.fs.AgentFS.read_refusal`: inside the read roots, never a
+credential file; grep leaves such files out and says how many); write_file and edit
 write only where the run's filesystem allows (:mod:`qwenctxd.agents.fs`: the real tree through
 the agent's write scope and the audit log, or a speculation's copy-on-write overlay);
-run_shell_command runs only commands the AST classifier proves read-only, in the real working
+run_shell_command runs only commands the AST classifier proves read-only and whose paths all
+pass the read scope (:mod:`qwenctxd.agents.shell_paths`), in the real working
 directory, with a timeout and an output cap (over an overlay it says which changes the shell
 cannot see). Every result is capped so one tool call cannot flood the agent's context. A
 refusal is returned as the tool result — the model sees why, and the call never happens.
@@ -27,7 +30,8 @@ from wcmatch import glob as wglob
 from qwenctxd.agents.audit import AuditLog
 from qwenctxd.agents.fs import AgentFS, OverlayTreeFS, RealTreeFS
 from qwenctxd.agents.overlay import OverlayClosed, OverlayFS
-from qwenctxd.agents.permissions import MemoryWriteScope, shell_verdict
+from qwenctxd.agents.permissions import MemoryWriteScope, ReadScope, shell_verdict
+from qwenctxd.agents.shell_paths import shell_read_refusal
 from qwenctxd.fsutil import read_regular
 from qwenctxd.protocol.errors import PathOutsideProject
 
@@ -91,16 +95,19 @@ class ToolContext:
 
     @classmethod
     def real_tree(cls, cwd: Path, scope: MemoryWriteScope, audit: AuditLog, *, agent: str,
-                  session: str | None = None, allow_shell: bool = True) -> ToolContext:
-        """Tools over the real tree: writes through ``scope``, recorded in ``audit``."""
-        return cls(RealTreeFS(cwd, scope, audit, agent=agent, session=session),
-                   allow_shell=allow_shell)
+                  session: str | None = None, allow_shell: bool = True,
+                  read_scope: ReadScope | None = None) -> ToolContext:
+        """Tools over the real tree: writes through ``scope``, recorded in ``audit``; reads
+        within ``read_scope`` (default: ``cwd`` and the writable roots)."""
+        return cls(RealTreeFS(cwd, scope, audit, agent=agent, session=session,
+                              read_scope=read_scope), allow_shell=allow_shell)
 
     @classmethod
-    def over_overlay(cls, cwd: Path, overlay: OverlayFS, *, allow_shell: bool = True
-                     ) -> ToolContext:
-        """Tools over a speculation's copy-on-write overlay of the project."""
-        return cls(OverlayTreeFS(cwd, overlay), allow_shell=allow_shell)
+    def over_overlay(cls, cwd: Path, overlay: OverlayFS, *, allow_shell: bool = True,
+                     read_scope: ReadScope | None = None) -> ToolContext:
+        """Tools over a speculation's copy-on-write overlay of the project; reads within
+        ``read_scope`` (default: the project root)."""
+        return cls(OverlayTreeFS(cwd, overlay, read_scope), allow_shell=allow_shell)
 
 
 Tool = Callable[[ToolContext, dict[str, Any]], Awaitable[str]]
@@ -142,6 +149,8 @@ def grep_file(shown: Path, src: Path, rx: re.Pattern[str], out: list[str]) -> bo
 
 async def read_file(ctx: ToolContext, args: dict[str, Any]) -> str:
     path = _abs(ctx, args.get("file_path"), "file_path")
+    if (refusal := ctx.fs.read_refusal(path)) is not None:
+        return refusal
     ctx.reads += 1
     data = await anyio.to_thread.run_sync(ctx.fs.read_bytes, path, MAX_READ_BYTES + 1)
     return cap(read_lines(data, args))
@@ -149,6 +158,8 @@ async def read_file(ctx: ToolContext, args: dict[str, Any]) -> str:
 
 async def list_directory(ctx: ToolContext, args: dict[str, Any]) -> str:
     path = _abs(ctx, args.get("path"), "path")
+    if (refusal := ctx.fs.read_refusal(path)) is not None:
+        return refusal
     entries = await anyio.to_thread.run_sync(ctx.fs.list, path)
     return cap("\n".join(n + ("/" if d else "") for n, d in entries) or "(empty)")
 
@@ -158,6 +169,8 @@ async def glob(ctx: ToolContext, args: dict[str, Any]) -> str:
     if not isinstance(pattern, str) or not pattern:
         raise ValueError("pattern is required")
     root = _abs(ctx, args.get("path") or str(ctx.cwd), "path")
+    if (refusal := ctx.fs.read_refusal(root)) is not None:
+        return refusal
     found = await anyio.to_thread.run_sync(ctx.fs.glob, root, pattern)
     return cap("\n".join(found) or "(no matches)")
 
@@ -169,6 +182,8 @@ async def grep_search(ctx: ToolContext, args: dict[str, Any]) -> str:
     if not isinstance(args.get("path") or "", str):
         raise ValueError("path must be a string")
     root = _abs(ctx, args.get("path") or str(ctx.cwd), "path")
+    if (refusal := ctx.fs.read_refusal(root)) is not None:
+        return refusal
     include = args.get("include")
     matcher = wglob.compile([include], flags=wglob.GLOBSTAR | wglob.BRACE) if include else None
     rx = re.compile(raw)
@@ -176,12 +191,18 @@ async def grep_search(ctx: ToolContext, args: dict[str, Any]) -> str:
     def run() -> str:
         files = ctx.fs.walk(root)
         out: list[str] = []
+        skipped = 0
         for shown in sorted(files, key=os.fspath):
             if matcher is not None and not matcher.match(shown.name):
                 continue
+            if ctx.fs.read_refusal(shown) is not None:
+                skipped += 1  # a credential file, or a link out of the read roots
+                continue
             if grep_file(shown, files[shown], rx, out):
                 break
-        return "\n".join(out) or "(no matches)"
+        note = (f"\n[{skipped} file(s) not searched: credential files or outside the "
+                f"directories this agent may read]") if skipped else ""
+        return ("\n".join(out) or "(no matches)") + note
 
     return cap(await anyio.to_thread.run_sync(run))
 
@@ -229,7 +250,7 @@ async def edit(ctx: ToolContext, args: dict[str, Any]) -> str:
     old, new = args.get("old_string"), args.get("new_string")
     if not isinstance(old, str) or not isinstance(new, str):
         raise ValueError("old_string and new_string must be strings")
-    refusal = ctx.fs.write_refusal(path)  # on the loop: calls are judged in their order
+    refusal = ctx.fs.write_refusal(path) or ctx.fs.read_refusal(path)  # judged in order
     if refusal is not None:
         return refusal
     try:
@@ -252,9 +273,12 @@ def _clean_env() -> dict[str, str]:
     return keep
 
 
-async def run_readonly_shell(command: object, cwd: Path, *, allow: bool = True) -> str:
-    """Run ``command`` in ``cwd`` if the AST classifier proves it read-only; the result text
-    (exit code, stdout, stderr) or an ``Error:`` line."""
+async def run_readonly_shell(command: object, cwd: Path, *, allow: bool = True,
+                             read_scope: ReadScope | None = None) -> str:
+    """Run ``command`` in ``cwd`` if the AST classifier proves it read-only and (given a
+    ``read_scope``) every path it reads is one the agent may read
+    (:mod:`qwenctxd.agents.shell_paths`); the result text (exit code, stdout, stderr) or an
+    ``Error:`` line."""
     if not isinstance(command, str) or not command.strip():
         raise ValueError("command is required")
     if not allow:
@@ -262,11 +286,17 @@ async def run_readonly_shell(command: object, cwd: Path, *, allow: bool = True) 
     verdict = await anyio.to_thread.run_sync(shell_verdict, command)
     if not verdict.allowed:
         return f"Error: {verdict.reason}"
+    env = _clean_env()
+    if read_scope is not None:
+        refusal = await anyio.to_thread.run_sync(shell_read_refusal, command, cwd, read_scope,
+                                                 env)
+        if refusal is not None:
+            return f"Error: {refusal}"
     try:
         with anyio.fail_after(SHELL_TIMEOUT_S):
             proc = await anyio.run_process(
                 ["bash", "--norc", "--noprofile", "-c", command], cwd=str(cwd), check=False,
-                stdin=subprocess.DEVNULL, env=_clean_env())
+                stdin=subprocess.DEVNULL, env=env)
     except TimeoutError:
         return f"Error: command timed out after {SHELL_TIMEOUT_S:.0f} s"
     out = proc.stdout.decode("utf-8", errors="replace")
@@ -276,7 +306,8 @@ async def run_readonly_shell(command: object, cwd: Path, *, allow: bool = True) 
 
 
 async def run_shell_command(ctx: ToolContext, args: dict[str, Any]) -> str:
-    result = await run_readonly_shell(args.get("command"), ctx.cwd, allow=ctx.allow_shell)
+    result = await run_readonly_shell(args.get("command"), ctx.cwd, allow=ctx.allow_shell,
+                                      read_scope=ctx.fs.read_scope)
     unseen = ctx.fs.unseen_by_shell()
     if result.startswith("Error:") or not unseen:
         return cap(result)

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import structlog
 
-from qwenctxd.fsutil import atomic_write, read_regular
+from qwenctxd.fsutil import PRIVATE_DIR_MODE, PRIVATE_FILE_MODE, atomic_write, read_regular
 from qwenctxd.memory.paths import INDEX_FILENAME, Scope
 from qwenctxd.memory.store import (
     MemoryDoc,
@@ -295,7 +295,7 @@ def rebuild_index(root: Path, scope: Scope) -> IndexResult:
             return IndexResult(index, False, truncated, count)
     except OSError:
         pass
-    atomic_write(index, text)
+    atomic_write(index, text, mode=PRIVATE_FILE_MODE, dir_mode=PRIVATE_DIR_MODE)
     return IndexResult(index, True, truncated, count)
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 import anyio
 import yaml
 
+from qwenctxd.fsutil import PRIVATE_DIR_MODE, make_dirs
 from qwenctxd.memory import index as mindex
 from qwenctxd.memory import paths as mpaths
 from qwenctxd.memory import secrets
@@ -97,7 +98,7 @@ async def save(service: MemoryService, cwd: Path, *, mem_type: str, name: str,
 
     def land() -> bool:
         if scope == "team":
-            (root / mem_type).mkdir(parents=True, exist_ok=True)
+            make_dirs(root / mem_type, PRIVATE_DIR_MODE)
             try:
                 mindex.check_team_root(root)
             except mindex.TeamMemoryRootSecurityError as exc:

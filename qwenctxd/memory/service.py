@@ -21,7 +21,13 @@ import structlog
 
 from qwenctxd.config import ConfigStore
 from qwenctxd.events import EventBus
-from qwenctxd.fsutil import atomic_write, read_regular
+from qwenctxd.fsutil import (
+    PRIVATE_DIR_MODE,
+    PRIVATE_FILE_MODE,
+    atomic_write,
+    make_dirs,
+    read_regular,
+)
 from qwenctxd.memory import forget_match, render, secrets, selector, store
 from qwenctxd.memory import paths as mpaths
 from qwenctxd.memory.index import rebuild_index
@@ -116,7 +122,7 @@ class MemoryService:
         roots = self.roots(cwd)
         await anyio.to_thread.run_sync(store.ensure_scaffold, roots)
         db_dir = roots.state or (roots.user.parent / "projects" / "_no_project")
-        db_dir.mkdir(parents=True, exist_ok=True)
+        make_dirs(db_dir, PRIVATE_DIR_MODE)
         lexical = LexicalIndex(db_dir / "recall.sqlite")
         await lexical.open()
         try:
@@ -279,7 +285,8 @@ class MemoryService:
             data = {k: v for k, v in self._hits.items()
                     if any(k.startswith(p + os.sep) for p in prefixes)}
             text = json.dumps(data, indent=2, sort_keys=True) + "\n"
-            await anyio.to_thread.run_sync(atomic_write, path, text)
+            await anyio.to_thread.run_sync(lambda: atomic_write(
+                path, text, mode=PRIVATE_FILE_MODE, dir_mode=PRIVATE_DIR_MODE))
 
         self._tasks.submit("memory-hits", write, key=f"memory-hits:{proj.key}",
                            project=str(proj.key))

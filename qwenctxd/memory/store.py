@@ -34,7 +34,13 @@ from typing import Any
 import structlog
 
 from qwenctxd.frontmatter import parse as parse_frontmatter
-from qwenctxd.fsutil import atomic_write, read_regular
+from qwenctxd.fsutil import (
+    PRIVATE_DIR_MODE,
+    PRIVATE_FILE_MODE,
+    atomic_write,
+    make_dirs,
+    read_regular,
+)
 from qwenctxd.memory.paths import (
     CURSOR_FILENAME,
     INDEX_FILENAME,
@@ -119,9 +125,10 @@ def _create_if_missing(path: Path, text: str) -> bool:
     """Create ``path`` with ``text`` unless something (even a dangling link) is already there."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
     try:
-        fd = os.open(path, flags, 0o644)
+        fd = os.open(path, flags, PRIVATE_FILE_MODE)
     except FileExistsError:
         return False
+    os.fchmod(fd, PRIVATE_FILE_MODE)  # whatever the umask
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         f.write(text)
     return True
@@ -130,7 +137,7 @@ def _create_if_missing(path: Path, text: str) -> bool:
 def _scaffold_root(root: Path, created: list[Path]) -> None:
     for directory in (root, *(root / t for t in MEMORY_TYPES)):
         if not directory.is_dir():
-            directory.mkdir(parents=True, exist_ok=True)
+            make_dirs(directory, PRIVATE_DIR_MODE)
             created.append(directory)
     if _create_if_missing(root / INDEX_FILENAME, ""):
         created.append(root / INDEX_FILENAME)
@@ -142,7 +149,7 @@ def ensure_scaffold(roots: MemoryRoots) -> list[Path]:
     if roots.project is not None:
         _scaffold_root(roots.project, created)
     if roots.state is not None:
-        roots.state.mkdir(parents=True, exist_ok=True)
+        make_dirs(roots.state, PRIVATE_DIR_MODE)
         stamp = now_iso()
         meta = {"version": METADATA_VERSION, "createdAt": stamp, "updatedAt": stamp}
         if _create_if_missing(roots.state / META_FILENAME, to_json(meta)):
@@ -354,7 +361,8 @@ def write_meta(state: Path, **updates: Any) -> dict[str, Any]:
             meta.pop(key, None)
         else:
             meta[key] = value
-    atomic_write(state / META_FILENAME, to_json(meta))
+    atomic_write(state / META_FILENAME, to_json(meta), mode=PRIVATE_FILE_MODE,
+                 dir_mode=PRIVATE_DIR_MODE)
     return meta
 
 
@@ -370,5 +378,6 @@ def read_cursor(state: Path) -> dict[str, Any]:
 def write_cursor(state: Path, session_id: str, offset: int) -> dict[str, Any]:
     """Record that ``session_id`` was extracted up to history ``offset``."""
     cursor = {"sessionId": session_id, "processedOffset": offset, "updatedAt": now_iso()}
-    atomic_write(state / CURSOR_FILENAME, to_json(cursor))
+    atomic_write(state / CURSOR_FILENAME, to_json(cursor), mode=PRIVATE_FILE_MODE,
+                 dir_mode=PRIVATE_DIR_MODE)
     return cursor

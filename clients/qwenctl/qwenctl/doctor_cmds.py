@@ -9,7 +9,10 @@ Checks, each ``ok``, ``warn`` or ``problem``:
 * config — the files in play, and a bad edit the daemon is ignoring;
 * model — ``model.probe``: configured or not, where each setting came from (config file /
   environment / settings.json), the endpoint reachable, and which request shapes it accepted;
-* inotify — the kernel's watch and instance limits against the daemon's watches.
+* inotify — the kernel's watch and instance limits against the daemon's watches;
+* memory-modes — memory files and folders others may read (:mod:`qwenctl.modes`; the daemon
+  creates them 0600/0700 but never re-modes existing ones silently): ``warn`` with the list,
+  and ``--fix-modes`` takes the group/other bits away.
 
 Exit 0 when nothing is a ``problem``, 1 otherwise (3 when the daemon is unreachable); ``--json``
 prints ``{checks: [{name, status, summary, details}], problems}``.
@@ -40,9 +43,12 @@ WATCH_WARN_FRACTION = 0.8
 
 def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     d = sub.add_parser("doctor", parents=[common],
-                       help="check socket, service, config, model endpoint and inotify limits")
+                       help="check socket, service, config, model endpoint, inotify limits and memory modes")
     d.add_argument("--probe-timeout", type=float, default=10.0,
                    help="seconds per model request shape (default 10)")
+    d.add_argument("--fix-modes", action="store_true",
+                   help="make memory files 0600 and memory folders 0700 (removes group and "
+                        "other permissions)")
 
 
 def _check(name: str, status: str, summary: str, **details: Any) -> dict[str, Any]:
@@ -185,6 +191,10 @@ def _print(checks: list[dict[str, Any]]) -> None:
                 ms = f" {s['ms']} ms" if s.get("ms") is not None else ""
                 sys.stdout.write(f"{'':<7}  {'':<{width}}    {s['shape']}: {s['status']}"
                                  f"{tail}{ms}\n")
+        if c["name"] == "memory-modes":
+            for item in c["details"].get("loose", [])[:20]:
+                sys.stdout.write(f"{'':<7}  {'':<{width}}    {item['mode']} {item['kind']} "
+                                 f"{item['path']}\n")
 
 
 def cmd_doctor(ctx: Ctx) -> int:
@@ -201,6 +211,9 @@ def cmd_doctor(ctx: Ctx) -> int:
         except (RemoteError, ClientError, OSError) as exc:
             checks.append(_check("model", "problem", f"model.probe failed: {exc}"))
     checks.append(check_inotify(st))
+    from qwenctl.modes import check_memory_modes
+
+    checks.append(check_memory_modes(bool(getattr(ctx.args, "fix_modes", False))))
     problems = [c["name"] for c in checks if c["status"] == "problem"]
     if ctx.args.json:
         emit_json({"checks": checks, "problems": problems})
