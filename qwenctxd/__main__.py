@@ -1,8 +1,10 @@
 """``qwenctxd`` / ``python -m qwenctxd``: run the daemon in the foreground.
 
-Exit codes: 0 after a clean shutdown; 1 when another daemon already serves this socket;
-2 for invalid configuration or an unsafe socket directory (the message names the file, key or
-path and the problem).
+Exit codes: 0 after a clean shutdown; 1 when another daemon already serves this socket (or
+the daemon crashed); 2 for invalid configuration or an unsafe socket directory (the message
+names the file, key or path and the problem). The reason for every non-zero exit is written
+to stderr synchronously (:func:`qwenctxd.server.logging.fatal`), so it arrives even when
+stderr is a pipe the bounded log writer had queued lines for.
 """
 
 from __future__ import annotations
@@ -33,8 +35,6 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write(f"qwenctxd {__version__}\n")
         return 0
 
-    import structlog
-
     from qwenctxd.config import ConfigStore
     from qwenctxd.paths import UnsafeDirectory, check_socket_path_length, socket_path
     from qwenctxd.protocol.errors import ConfigError
@@ -44,24 +44,23 @@ def main(argv: list[str] | None = None) -> int:
 
     daemon_logging.configure(args.log_level or os.environ.get("QWENCTXD_LOG_LEVEL", "info"),
                              args.log_format or "auto")
-    log = structlog.get_logger("qwenctxd")
     store = ConfigStore()
+    fatal = daemon_logging.fatal
     try:
         settings = store.load_global()
     except ConfigError as exc:
-        log.error("invalid configuration; refusing to start", file=exc.file, key=exc.key,
-                  problem=exc.problem, message=str(exc))
+        fatal("invalid configuration; refusing to start", file=exc.file, key=exc.key,
+              problem=exc.problem, message=str(exc))
         return 2
     daemon_logging.configure(args.log_level or settings.daemon.log_level,
                              args.log_format or settings.daemon.log_format)
-    log = structlog.get_logger("qwenctxd")
 
     activated_fd = systemd.inherited_listener_fd()
     path = socket_path(args.socket or settings.daemon.socket)
     try:
         check_socket_path_length(path)
     except ValueError as exc:
-        log.error("bad socket path", message=str(exc))
+        fatal("bad socket path", message=str(exc))
         return 2
 
     import anyio
@@ -73,13 +72,19 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return anyio.run(daemon.run, backend="asyncio", backend_options=backend_options)
     except AlreadyRunning as exc:
-        log.error("already running", pid=exc.pid, message=str(exc))
+        fatal("already running", pid=exc.pid, message=str(exc))
         return 1
     except UnsafeDirectory as exc:
-        log.error("unsafe socket directory", message=str(exc))
+        fatal("unsafe socket directory", message=str(exc))
         return 2
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:  # a crash: its reason must reach stderr like any other exit's
+        import traceback
+
+        fatal("daemon crashed", error=f"{type(exc).__name__}: {exc}",
+              traceback="".join(traceback.format_exception(exc))[-8000:])
+        return 1
 
 
 def _has_uvloop() -> bool:

@@ -73,12 +73,26 @@ def make_dirs(path: Path, mode: int | None = None) -> None:
         path.mkdir(parents=True, exist_ok=True)  # raises the right error (a file in the way)
 
 
+#: bytes of the target's name kept in a temp file's name: "." + stem + "." + 8 random + ".tmp"
+#: stays under NAME_MAX (255) whatever the target's name (which the rename then checks itself).
+_TEMP_STEM_BYTES = 200
+
+
+def _temp_stem(name: str) -> str:
+    """``name`` cut to _TEMP_STEM_BYTES bytes of the file system encoding, at a character."""
+    raw = os.fsencode(name)
+    if len(raw) <= _TEMP_STEM_BYTES:
+        return name
+    return os.fsdecode(raw[:_TEMP_STEM_BYTES].decode("utf-8", errors="ignore").encode())
+
+
 @contextmanager
 def _replacing(path: Path, mode: int, dir_mode: int | None = None) -> Iterator[BinaryIO]:
     """A temp file in ``path``'s directory to write; on a clean exit it is fsynced, given
     ``mode`` and renamed over ``path``; on any error it is removed and ``path`` is untouched."""
     make_dirs(path.parent, dir_mode)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{_temp_stem(path.name)}.", suffix=".tmp",
+                               dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
             yield f

@@ -1,13 +1,22 @@
 """Shared fixtures: a spawned real daemon in a scratch HOME (one per test, or one per module for
-tests that each work in a project of their own), and the scripted model server."""
+tests that each work in a project of their own), and the scripted model server; and a guard
+that fails the run when the suite left anything outside its tmp dirs (see
+:mod:`qwenctxd.testing.leaks` for what is checked and why that scope)."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from qwenctxd.testing import leaks
+from qwenctxd.testing import spawn as spawn_mod
 from qwenctxd.testing.spawn import SpawnedDaemon
+
+#: The HOME the suite was started with, read before any test points HOME at a scratch tree.
+REAL_HOME = Path(os.environ.get("HOME") or os.path.expanduser("~"))
 
 pytest_plugins = ["qwenctxd.testing.pytest_fixtures"]
 
@@ -45,3 +54,15 @@ def module_daemon() -> Iterator[SpawnedDaemon]:
     finally:
         d.cleanup()
 
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _nothing_left_outside_tmp() -> Iterator[None]:
+    """Fails the session when it created something new in ``/``, the real HOME or the top of
+    /tmp (beyond pytest's own dirs): every test writes below its tmp dirs only."""
+    watches = leaks.default_watches(REAL_HOME, lambda: set(spawn_mod.CREATED_ROOTS))
+    before = leaks.snapshot(watches)
+    yield
+    left = leaks.leaks(before, watches)
+    if left:
+        pytest.fail(f"the test run left files outside its tmp dirs: {left}", pytrace=False)

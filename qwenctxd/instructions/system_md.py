@@ -23,7 +23,7 @@ from pathlib import Path
 import structlog
 
 from qwenctxd.fsutil import atomic_write, read_regular
-from qwenctxd.protocol.errors import Reason, SystemPromptFileError
+from qwenctxd.protocol.errors import Reason, SystemPromptFileError, client_path
 
 log = structlog.get_logger(__name__)
 
@@ -104,7 +104,9 @@ def load_system_md(environ: Mapping[str, str], cwd: Path, home: Path) -> str | N
     enabled, path = resolve_path_from_env(environ.get(SYSTEM_MD_ENV), cwd=cwd, home=home)
     if not enabled or path is None:
         return None
-    if not path.is_file():
+    with client_path(f"env.{SYSTEM_MD_ENV}"):  # e.g. a name too long: the client's path
+        is_file = path.is_file()
+    if not is_file:
         raise SystemPromptFileMissing(path)
     try:
         return read_regular(path).decode("utf-8", errors="replace")
@@ -161,7 +163,9 @@ def load_identity(
     path = _expand(v, cwd=cwd, home=home)
     if path is None:
         raise SystemIdentityFileError(v, "unresolvable")
-    if not path.is_file():
+    with client_path(f"env.{IDENTITY_ENV}"):
+        is_file = path.is_file()
+    if not is_file:
         raise SystemIdentityFileError(path, "missing")
     try:
         text = read_regular(path).decode("utf-8", errors="replace")

@@ -7,7 +7,8 @@ Claude-like ``Read`` / ``Bash`` / ``str_replace_editor``, an editor plugin's ``o
 (a ``command`` string makes a shell tool; a ``file_path`` / ``path`` / ``filename`` …
 parameter makes a file tool). The base prompt uses the roles to teach only declared tools
 (protocol C5); compaction uses :attr:`ToolRoles.file_params` to find the files a session had
-open, whatever its tools are called.
+open, whatever its tools are called (:meth:`ToolRoles.restoration_tools`: Qwen Code's file
+tools when the client declared none — the daemon's own ``skill`` tool does not count).
 """
 
 from __future__ import annotations
@@ -74,6 +75,15 @@ class ToolRoles:
     def file_tools(self) -> dict[str, str]:
         """File tool name → its path parameter (what compaction looks for in calls)."""
         return dict(self.file_params)
+
+    def restoration_tools(self, *, own: frozenset[str] = frozenset()) -> dict[str, str] | None:
+        """The file tools post-compaction restoration looks for: the declared ones, or None
+        (Qwen Code's ``read_file``/``write_file``/``edit``/``replace``) when the client
+        declared none. ``own`` names tools the daemon added itself (its ``skill``): they are
+        not a declaration, so a session opened without ``tools`` still restores its files."""
+        if not any(t.name not in own for t in self.tools):
+            return None
+        return self.file_tools()
 
     def first(self, role: str) -> DeclaredTool | None:
         return next((t for t in self.tools if t.role == role), None)

@@ -6,7 +6,9 @@ vetted by the team secret guard when it goes to team memory (a hit raises
 :class:`~qwenctxd.protocol.errors.SecretDetected` naming rule ids only), refused when the
 target resolves outside its scope (a symlinked topic directory), written through the caller's
 ``write`` (the daemon passes the audit log's atomic, logged write), and followed by the scope's
-``MEMORY.md`` rebuild and :meth:`MemoryService.landed` (re-scan + ``memory/changed``).
+``MEMORY.md`` rebuild and :meth:`MemoryService.landed` (re-scan + ``memory/changed``). A write
+that landed is never reported as failed: an index that cannot be rebuilt (MEMORY.md is a
+directory) becomes a warning in the outcome.
 
 The file name is the slug of ``name``, so saving the same name again updates that memory.
 """
@@ -20,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import anyio
+import structlog
 import yaml
 
 from qwenctxd.fsutil import PRIVATE_DIR_MODE, make_dirs
@@ -27,12 +30,20 @@ from qwenctxd.memory import index as mindex
 from qwenctxd.memory import paths as mpaths
 from qwenctxd.memory import secrets
 from qwenctxd.memory.service import MemoryService
-from qwenctxd.protocol.errors import InvalidParams, PathOutsideProject, SecretDetected
+from qwenctxd.protocol.errors import (
+    InvalidParams,
+    PathOutsideProject,
+    SecretDetected,
+    client_path,
+)
+
+log = structlog.get_logger("qwenctxd.memory")
 
 MAX_NAME_CHARS = 200
 MAX_DESCRIPTION_CHARS = 1_000
 MAX_BODY_BYTES = 64 * 1024
 MAX_SLUG_CHARS = 80
+MAX_SLUG_BYTES = 160  # UTF-8: a file name is at most 255 bytes, and the temp name adds more
 
 Writer = Callable[[Path, str], None]
 
@@ -42,12 +53,18 @@ class SaveOutcome:
     path: Path
     scope: str
     created: bool
+    warnings: tuple[str, ...] = ()  # the memory is written; something after it was not
 
 
 def slug(name: str) -> str:
-    """A file stem for ``name``: word characters (any script) joined by ``-``, lower case."""
+    """A file stem for ``name``: word characters (any script) joined by ``-``, lower case, at
+    most MAX_SLUG_CHARS characters and MAX_SLUG_BYTES bytes of UTF-8 (cut at a character)."""
     out = re.sub(r"[^\w]+", "-", name.lower()).strip("-_")[:MAX_SLUG_CHARS].strip("-_")
-    return out or "memory-" + hashlib.sha256(name.encode()).hexdigest()[:8]
+    raw = out.encode("utf-8", errors="surrogatepass")
+    if len(raw) > MAX_SLUG_BYTES:
+        out = raw[:MAX_SLUG_BYTES].decode("utf-8", errors="ignore").strip("-_")
+    return out or "memory-" + hashlib.sha256(
+        name.encode("utf-8", errors="surrogatepass")).hexdigest()[:8]
 
 
 def one_line(value: str) -> str:
@@ -107,10 +124,18 @@ async def save(service: MemoryService, cwd: Path, *, mem_type: str, name: str,
             raise PathOutsideProject(f"{target} resolves outside the {scope} memory",
                                      data={"path": str(target)})
         created = not target.exists()
-        write(target, text)
-        mindex.rebuild_index(root, scope)  # type: ignore[arg-type]
-        return created
+        with client_path("name"):  # the file name is the name's slug
+            write(target, text)
+        # The memory is written: nothing after this point may report the save as failed.
+        try:
+            mindex.rebuild_index(root, scope)  # type: ignore[arg-type]
+        except OSError as exc:  # e.g. MEMORY.md is a directory
+            log.warning("memory.save_index_failed", index=str(root / mpaths.INDEX_FILENAME),
+                        error=f"{type(exc).__name__}: {exc.strerror or exc}")
+            return created, (f"the memory was saved, but its index {mpaths.INDEX_FILENAME} "
+                             f"could not be rebuilt: {exc.strerror or type(exc).__name__}",)
+        return created, ()
 
-    created = await anyio.to_thread.run_sync(land)
+    created, warnings = await anyio.to_thread.run_sync(land)
     await service.landed(cwd, {"saved": str(target), "scope": scope})
-    return SaveOutcome(path=target, scope=scope, created=created)
+    return SaveOutcome(path=target, scope=scope, created=created, warnings=warnings)

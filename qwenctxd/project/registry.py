@@ -23,6 +23,7 @@ import structlog
 
 from qwenctxd.config import ConfigStore
 from qwenctxd.config.schema import Settings
+from qwenctxd.paths import project_slug
 from qwenctxd.project.roots import find_project_root, home_dir, qwen_home
 from qwenctxd.tasks import TaskRegistry
 from qwenctxd.watch import Watched, WatchedCache, WatchHub
@@ -131,6 +132,18 @@ class ProjectRegistry:
             oldest = next(self._by_cwd.items())[0]
             log.debug("project cache full: dropping the oldest cwd", cwd=str(oldest))
             self._by_cwd.forget(oldest)
+
+
+NAME_MAX = 255  # bytes of one path component (Linux)
+
+
+def project_id_fits(cwd: Path) -> bool:
+    """Whether the project ``cwd`` belongs to has a usable id: its state lives in ONE
+    directory named after its anchor (Qwen Code's project id, ``~/.qwen/projects/<id>``), so a
+    root whose id passes NAME_MAX bytes has nowhere to keep sessions or memory."""
+    norm = Path(os.path.normpath(os.path.abspath(cwd)))
+    anchor = find_project_root(norm) or norm
+    return len(os.fsencode(project_slug(anchor))) <= NAME_MAX
 
 
 def _is_git_entry(path: Path) -> bool:

@@ -7,6 +7,9 @@ is structured detail a client may act on (a field name, a path, a pid, rule ids)
 
 from __future__ import annotations
 
+import errno
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, Literal
 
 # JSON-RPC 2.0 standard codes.
@@ -145,6 +148,62 @@ class SystemPromptFileError(QwenctxdError):
         self.path = path
         self.reason = reason
         super().__init__(message, data={"path": path, "reason": reason})
+
+
+# -- OS errors caused by a client-supplied path ---------------------------------------------
+#: errno → what a client is told: the errors a path the client chose can cause. Only an OSError
+#: tagged with the field it came from (:func:`client_path`) is mapped; an untagged one stays an
+#: internal error (it is the daemon's own problem, e.g. its state dir).
+PATH_ERRNOS: dict[int, str] = {
+    errno.ENAMETOOLONG: "name too long",
+    errno.EISDIR: "is a directory",
+    errno.ENOTDIR: "not a directory",
+    errno.ELOOP: "too many levels of symbolic links",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "operation not permitted",
+    errno.ENOENT: "no such file or directory",
+    errno.EEXIST: "already exists",
+    errno.EINVAL: "not a regular file",
+    errno.EROFS: "read-only file system",
+    errno.ENXIO: "no such device or address",
+    errno.ETXTBSY: "text file busy",
+}
+
+_FIELD_ATTR = "qwenctxd_field"
+
+
+@contextmanager
+def client_path(field: str) -> Iterator[None]:
+    """Tag every OSError raised inside with the param ``field`` whose path caused it.
+
+    The innermost tag wins (a more precise caller already said which field). The server maps
+    a tagged error whose errno is in :data:`PATH_ERRNOS` to -32602 naming the field
+    (:func:`invalid_path`); this is the only way an OSError becomes a client error."""
+    try:
+        yield
+    except OSError as exc:
+        if getattr(exc, _FIELD_ATTR, None) is None:
+            setattr(exc, _FIELD_ATTR, field)
+        raise
+
+
+def path_field(exc: BaseException) -> str | None:
+    """The param field an OSError was tagged with by :func:`client_path`, if any."""
+    field = getattr(exc, _FIELD_ATTR, None) if isinstance(exc, OSError) else None
+    return field if isinstance(field, str) else None
+
+
+def invalid_path(exc: OSError) -> InvalidParams | None:
+    """The -32602 for a tagged OSError with a path errno; None when it is not a client's."""
+    field = path_field(exc)
+    reason = PATH_ERRNOS.get(exc.errno or 0)
+    if field is None or reason is None:
+        return None
+    data: dict[str, Any] = {"field": field, "message": reason,
+                            "errno": errno.errorcode.get(exc.errno or 0, str(exc.errno))}
+    if isinstance(exc.filename, str) and len(exc.filename) <= 4096:
+        data["path"] = exc.filename
+    return InvalidParams(f"{field}: {reason}", data=data)
 
 
 class ConfigError(Exception):

@@ -176,3 +176,4 @@ class SaveResult(msgspec.Struct, kw_only=True):
     path: str
     scope: str
     created: bool
+    warnings: list[str] = msgspec.field(default_factory=list)  # written; the index was not

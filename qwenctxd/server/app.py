@@ -297,8 +297,9 @@ class Daemon:
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async for signum in signals:
                 if self._shutdown_started:
-                    log.warning("second signal; exiting now", signal=signum)
                     self._cleanup_files()
+                    # os._exit skips atexit: the reason is written synchronously instead
+                    daemon_logging.fatal("second signal; exiting now", signal=signum)
                     os._exit(1)
                 log.info("signal received", signal=signal.Signals(signum).name)
                 self.request_shutdown(drain=True)

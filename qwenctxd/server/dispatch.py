@@ -152,15 +152,18 @@ class Dispatcher:
             except errors.QwenctxdError as exc:
                 code = exc.code
                 raise JsonRpcError(exc.code, exc.message, exc.data) from None
-            except Exception:
-                error_id = next(_error_ids)
+            except OSError as exc:
+                mapped = errors.invalid_path(exc)  # a client's path (errors.client_path)
+                if mapped is None:
+                    code = errors.INTERNAL_ERROR
+                    raise _internal(name, exc) from None
+                code = mapped.code
+                log.info("client path refused", method=name, field=mapped.data["field"],
+                         errno=mapped.data["errno"])
+                raise JsonRpcError(mapped.code, mapped.message, mapped.data) from None
+            except Exception as exc:
                 code = errors.INTERNAL_ERROR
-                log.exception("method failed", method=name, error_id=error_id)
-                raise JsonRpcError(
-                    errors.INTERNAL_ERROR,
-                    "Internal error (see the daemon log)",
-                    {"error_id": error_id},
-                ) from None
+                raise _internal(name, exc) from None
             finally:
                 if code is not None:
                     self.errors += 1
@@ -256,6 +259,14 @@ class Dispatcher:
         if rid is NOID:
             return None
         return to_serializable_one(to_response(request, result))
+
+
+def _internal(method: str, exc: BaseException) -> JsonRpcError:
+    """-32603 for an unexpected failure: logged with its traceback, an error id for the log."""
+    error_id = next(_error_ids)
+    log.error("method failed", method=method, error_id=error_id, exc_info=exc)
+    return JsonRpcError(errors.INTERNAL_ERROR, "Internal error (see the daemon log)",
+                        {"error_id": error_id})
 
 
 def _error_dict(err: errors.QwenctxdError, rid: Any) -> dict[str, Any]:

@@ -10,17 +10,27 @@ stream socket, a terminal) lines go through a bounded queue to a writer thread: 
 full (nobody reads) fills the queue and further lines are dropped; a pipe whose reader is gone
 (EPIPE) marks the sink dead. Both are counted in ``daemon.status`` ``log``. A closed fd 0–2 at
 start-up is reopened on /dev/null, so no later socket or file lands on a standard fd.
+
+The reason a daemon exits is never left in that queue: :func:`fatal` first lets the writer
+thread empty it (bounded), then writes its own line to fd 2 synchronously, whatever the sink's
+state (queued, full or marked dead), waiting at most a bounded time for a full pipe. At exit
+the queue is flushed too (``atexit``, bounded), so the last lines before a clean exit arrive.
 """
 
 from __future__ import annotations
 
+import atexit
 import collections
+import datetime
 import errno
+import json
 import logging
 import os
+import select
 import stat
 import sys
 import threading
+import time
 from typing import Any
 
 import structlog
@@ -32,6 +42,8 @@ LEVELS = {
     "error": logging.ERROR,
 }
 QUEUE_LINES = 4096  # lines held for a slow pipe before new ones are dropped
+EXIT_FLUSH_S = 2.0  # how long an exit waits for queued lines to reach a slow pipe
+FATAL_WRITE_S = 2.0  # how long the fatal line waits for room in a full pipe
 
 debug_enabled = False  # hot paths check this before building a debug event
 
@@ -46,6 +58,7 @@ class StderrSink:
         self._queue: collections.deque[bytes] = collections.deque()
         self._wake = threading.Condition(threading.Lock())
         self._thread: threading.Thread | None = None
+        self._writing = False  # the writer thread holds a line it has not finished writing
         try:
             self.inline = stat.S_ISREG(os.fstat(fd).st_mode)
         except OSError:
@@ -97,12 +110,55 @@ class StderrSink:
                 while not self._queue:
                     self._wake.wait()
                 line = self._queue.popleft()
+                self._writing = True
             self._write_all(line)  # may block on a full pipe: only this thread waits
-            if self.dead:
-                with self._wake:
+            with self._wake:
+                self._writing = False
+                self._wake.notify_all()
+                if self.dead:
                     self.dropped += len(self._queue)
                     self._queue.clear()
-                return
+                    return
+
+    def flush(self, timeout: float) -> bool:
+        """Wait (at most ``timeout`` s) until every queued line is written; True when so."""
+        deadline = time.monotonic() + timeout
+        with self._wake:
+            while (self._queue or self._writing) and not self.dead:
+                left = deadline - time.monotonic()
+                if left <= 0 or self._thread is None or not self._thread.is_alive():
+                    return False
+                self._wake.wait(min(left, 0.05))
+        return not self._queue
+
+    def write_now(self, data: bytes, timeout: float) -> bool:
+        """Write ``data`` to the fd from this thread, whatever the sink's state; a full pipe
+        is waited on for at most ``timeout`` s (writes of at most PIPE_BUF bytes after poll
+        says there is room, so none blocks). True when all of it was written."""
+        deadline = time.monotonic() + timeout
+        view = memoryview(data)
+        poller = select.poll()
+        poller.register(self.fd, select.POLLOUT)
+        while view:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            try:
+                ready = poller.poll(left * 1000)
+            except InterruptedError:
+                continue
+            if not ready:
+                return False
+            if ready[0][1] & (select.POLLERR | select.POLLHUP | select.POLLNVAL):
+                return False
+            try:
+                n = os.write(self.fd, view[:select.PIPE_BUF])
+            except (BlockingIOError, InterruptedError):
+                continue
+            except OSError:
+                return False
+            view = view[n:]
+        return True
 
 
 class _SinkLogger:
@@ -130,6 +186,34 @@ class _SinkHandler(logging.Handler):
 
 
 _sink: StderrSink | None = None
+_console = False  # lines are rendered for a terminal rather than as JSON
+
+
+def fatal(event: str, **fields: Any) -> None:
+    """Log the reason the process is about to exit and make sure it reaches stderr now.
+
+    Queued lines go first (the writer thread gets a bounded time to empty the queue), then
+    this line is written synchronously to fd 2, bypassing the queue, even when the sink is
+    full or marked dead. With stderr on a regular file it is one ordinary inline line."""
+    sink = _sink
+    if sink is None or (sink.inline and not sink.dead):
+        structlog.get_logger("qwenctxd").error(event, **fields)
+        return
+    sink.flush(EXIT_FLUSH_S)
+    if _console:
+        extra = " ".join(f"{k}={v}" for k, v in fields.items() if k != "message")
+        line = f"qwenctxd: {fields.get('message') or event}" + (f" ({extra})" if extra else "")
+    else:
+        stamp = datetime.datetime.now(datetime.UTC).isoformat().replace("+00:00", "Z")
+        line = json.dumps({"event": event, **fields, "level": "error", "timestamp": stamp},
+                          default=str, ensure_ascii=False)
+    sink.write_now(line.encode("utf-8", "replace") + b"\n", FATAL_WRITE_S)
+
+
+def flush_at_exit() -> None:
+    """Give queued lines a bounded time to reach a slow pipe before the process goes."""
+    if _sink is not None and not _sink.inline:
+        _sink.flush(EXIT_FLUSH_S)
 
 
 def stats() -> dict[str, Any]:
@@ -155,17 +239,19 @@ def ensure_standard_fds() -> None:
 
 
 def configure(level: str = "info", fmt: str = "auto") -> None:
-    global debug_enabled, _sink
+    global debug_enabled, _sink, _console
     ensure_standard_fds()
     lvl = LEVELS.get(level, logging.INFO)
     debug_enabled = lvl <= logging.DEBUG
     if _sink is None:
         _sink = StderrSink(2)
+        atexit.register(flush_at_exit)
     try:
         tty = os.isatty(2)
     except OSError:
         tty = False
     use_console = fmt == "console" or (fmt == "auto" and tty)
+    _console = use_console
     renderer: structlog.types.Processor
     if use_console:
         renderer = structlog.dev.ConsoleRenderer(

@@ -25,6 +25,7 @@ from qwenctxd.protocol import session as wire
 from qwenctxd.protocol import turn_events as ev
 from qwenctxd.sessions.manager import SessionManager
 from qwenctxd.sessions.state import Session, system_tokens
+from qwenctxd.skills.listing import SKILL_NAME
 
 log = structlog.get_logger("qwenctxd.turns")
 compute_thresholds = functools.lru_cache(maxsize=256)(_compute_thresholds)  # same per session
@@ -161,7 +162,7 @@ class Compactor:
             estimate_history=lambda h: history_tokens(h, image_tokens=s.history.image_tokens),
             pre_hook=pre_hook if hook_cfg.get("PreCompact") else None,
             post_hook=post_hook if hook_cfg.get("PostCompact") else None,
-            file_tools=s.options.tool_roles.file_tools() if s.options.tool_roles is not None else None,
+            file_tools=restoration_tools(s),
             touched_paths=list(s.deliveries.touched),
             max_files=settings.model.chat_compression.max_recent_files_to_retain,
             max_images=settings.model.chat_compression.max_recent_images_to_retain,
@@ -192,3 +193,13 @@ class Compactor:
                            events=events,
                            cause=None if result.status == "compressed" else result.error)
 
+
+def restoration_tools(s: Session) -> dict[str, str] | None:
+    """The file tools whose calls name the files to restore after compaction: the declared
+    ones, Qwen Code's when the client declared none (the daemon's own ``skill`` tool, added to
+    every session, is not a declaration)."""
+    roles = s.options.tool_roles
+    if roles is None:
+        return None
+    own = frozenset({SKILL_NAME}) if s.options.own_skill else frozenset()
+    return roles.restoration_tools(own=own)

@@ -7,6 +7,11 @@ back: a result, or an error code. The contract it checks (in tests/test_method_f
 error code is one of the documented table, and the daemon still answers afterwards. Values are
 steered toward the interesting: a real project directory for ``cwd``, a real open session for
 ``session_id``, paths inside and outside the project, huge and control-character strings.
+
+Every path it makes up lies under a *sandbox* directory (the daemon's scratch tree): a fuzzed
+``cwd`` of ``/`` once made ``instructions.add_memory`` leave ``/QWEN.md`` on the machine that
+ran the suite, so ``/``, ``/etc/passwd`` and friends are spelled ``<sandbox>/``,
+``<sandbox>/etc/passwd`` here (a directory with no project, a file that is not one).
 """
 
 from __future__ import annotations
@@ -39,12 +44,14 @@ class ParamGenerator:
     """Params for one method from its OpenRPC descriptors; ``hints`` are good values by name."""
 
     def __init__(self, components: dict[str, Any], rng: random.Random,
-                 hints: dict[str, list[Any]]) -> None:
+                 hints: dict[str, list[Any]], sandbox: Path) -> None:
         self.components = components
         self.rng = rng
         self.hints = hints
-        self.strings = ["", "/", "../../etc", "/etc/passwd", "a\x00b", "x" * 70_000, "\n\n",
-                        "é\u202e\U0001f600", "-rf", "*", "{}", "user", "project", "full"]
+        box = str(sandbox)
+        self.strings = ["", box, "../../etc", f"{box}/etc/passwd", "a\x00b", "x" * 70_000,
+                        "\n\n", "é\u202e\U0001f600", "-rf", "*", "{}", "user", "project",
+                        "full", f"{box}/{'é' * 150}", f"{box}/nowhere"]
 
     def params(self, method: dict[str, Any]) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -150,9 +157,18 @@ def chaotic_model(seed: int) -> Any:
     return handler
 
 
+def make_sandbox_decoys(sandbox: Path) -> None:
+    """``<sandbox>/etc/passwd``: a file where the fuzz may put a directory (and vice versa)."""
+    (sandbox / "etc").mkdir(parents=True, exist_ok=True)
+    (sandbox / "etc" / "passwd").write_text("root:x:0:0::/root:/bin/sh\n")
+
+
 def fuzz_daemon(client: Client, *, calls: int, seed: int, project: Path,
-                sessions: list[str]) -> FuzzReport:
-    """Send ``calls`` generated requests; ``sessions`` gains ids of sessions opened on the way."""
+                sessions: list[str], sandbox: Path | None = None) -> FuzzReport:
+    """Send ``calls`` generated requests; ``sessions`` gains ids of sessions opened on the way.
+    Made-up paths lie under ``sandbox`` (default: the project's parent, the scratch HOME)."""
+    sandbox = sandbox or project.parent
+    make_sandbox_decoys(sandbox)
     doc = client.call("rpc.discover")
     methods = [m for m in doc["methods"] if m["name"] not in SKIPPED]
     rng = random.Random(seed)
@@ -161,7 +177,7 @@ def fuzz_daemon(client: Client, *, calls: int, seed: int, project: Path,
     hints: dict[str, list[Any]] = {"cwd": [str(project)], "session_id": sessions,
                                    "path": inside, "paths": [inside[1:3], ["../x"]],
                                    "timeout_s": [0, 0.05]}
-    gen = ParamGenerator(doc["components"]["schemas"], rng, hints)
+    gen = ParamGenerator(doc["components"]["schemas"], rng, hints, sandbox)
     report = FuzzReport()
     for _ in range(calls):
         method = rng.choice(methods)

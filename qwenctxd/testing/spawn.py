@@ -40,6 +40,10 @@ def _gone_or_zombie(pid: int) -> bool:
     return state in (b"Z", b"X")
 
 
+#: scratch roots SpawnedDaemon made in this process (tests/conftest.py checks none is left).
+CREATED_ROOTS: set[Path] = set()
+
+
 #: The older name of :func:`qwenctxd.testing.wait.until`, kept for its callers.
 wait_until = until
 
@@ -50,6 +54,8 @@ class SpawnedDaemon:
     def __init__(self, root: Path | None = None, env: dict[str, str] | None = None) -> None:
         self.root = root or Path(tempfile.mkdtemp(prefix="qcd-", dir="/tmp"))
         self._own_root = root is None
+        if self._own_root:
+            CREATED_ROOTS.add(self.root)
         self.home = self.root / "home"
         self.runtime = self.root / "run"
         self.home.mkdir(parents=True, exist_ok=True)
@@ -90,6 +96,7 @@ class SpawnedDaemon:
             [*argv_prefix, sys.executable, "-m", "qwenctxd", "--log-format", "json", *extra_args],
             env={**self.env, **(env or {})},
             stdin=subprocess.DEVNULL,
+            cwd=self.root,  # a relative path the daemon resolves lands in the scratch tree
             stdout=self._log_file,
             stderr=self._log_file,
             pass_fds=pass_fds,

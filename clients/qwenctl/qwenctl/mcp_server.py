@@ -218,7 +218,8 @@ def build_server(link: "DaemonLink", cwd: str | None) -> Any:
         saved = await daemon(methods.MEMORY_SAVE, {"cwd": where, "type": type, "name": name,
                                                    "description": description, "body": body,
                                                    "scope": scope})
-        return str(saved["path"])
+        notes = [f"warning: {w}" for w in saved.get("warnings") or []]
+        return "\n".join([str(saved["path"]), *notes])
 
     @server.tool(structured_output=False)  # text only: no duplicate {"result": …} copy
     async def forget_memory(query: str, ctx: Context, paths: list[str] | None = None) -> str:

@@ -12,6 +12,8 @@ from qwenctxd.instructions import add_memory as memory_file
 from qwenctxd.instructions import tool_roles
 from qwenctxd.instructions.discovery import normalize_filenames
 from qwenctxd.instructions.rules import relative_to_root, rule_reminder
+from qwenctxd.paths import home as home_dir
+from qwenctxd.project.registry import NAME_MAX, project_id_fits
 from qwenctxd.protocol import errors, methods
 from qwenctxd.protocol import instructions as wire
 from qwenctxd.server.dispatch import bind
@@ -28,9 +30,17 @@ def checked_cwd(value: str, field: str = "cwd") -> Path:
         raise errors.InvalidParams(f"{field} must be an absolute path",
                                    data={"field": field, "message": "not absolute"})
     path = Path(os.path.normpath(value))
-    if not path.is_dir():
+    with errors.client_path(field):
+        is_dir = path.is_dir()
+    if not is_dir:
         raise errors.InvalidParams(f"{field} is not an existing directory: {value}",
                                    data={"field": field, "message": "no such directory"})
+    # The project's state lives in ONE directory named after its root (Qwen Code's project
+    # id): a root whose id passes NAME_MAX has nowhere to keep sessions or memory.
+    if not project_id_fits(path):
+        raise errors.InvalidParams(
+            f"{field}: the project path is too long for a project id ({NAME_MAX} bytes)",
+            data={"field": field, "message": "name too long", "errno": "ENAMETOOLONG"})
     return path
 
 
@@ -91,10 +101,19 @@ def register(daemon: Daemon) -> None:
         settings = service.settings_for(cwd)
         name = normalize_filenames(settings.context.file_name)[0]
         if p.scope == "global":
-            target = service.qwen_dir() / name
+            target, field = service.qwen_dir() / name, "scope"
         else:
-            target = (service.project_root(cwd) or cwd) / name
-        path = await anyio.to_thread.run_sync(memory_file.add_memory, target, p.text)
+            field = "cwd"
+            try:
+                with errors.client_path(field):
+                    target = memory_file.project_target(
+                        cwd, name, git_root=service.project_root(cwd), home=home_dir(),
+                        qwen_home=service.qwen_dir())
+            except memory_file.NotInProject as exc:
+                raise errors.InvalidParams(str(exc), data={
+                    "field": "cwd", "message": "not inside a project"}) from None
+        with errors.client_path(field):  # e.g. QWEN.md is a directory
+            path = await anyio.to_thread.run_sync(memory_file.add_memory, target, p.text)
         service.invalidate_path(path)
         return wire.AddMemoryResult(path=str(path))
 

@@ -66,7 +66,8 @@ def register(daemon: Daemon) -> None:
         out = await save_memory(service, cwd, mem_type=p.type, name=p.name,
                                 description=p.description, body=p.body, scope=p.scope,
                                 write=write)
-        return wire.SaveResult(path=str(out.path), scope=out.scope, created=out.created)
+        return wire.SaveResult(path=str(out.path), scope=out.scope, created=out.created,
+                               warnings=list(out.warnings))
 
     async def check_write(ctx: Connection, p: wire.CheckWriteParams) -> wire.CheckWriteResult:
         cwd = checked_cwd(p.cwd)

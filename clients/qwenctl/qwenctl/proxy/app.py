@@ -7,7 +7,10 @@ mapped onto a daemon session (``mapping``), its ``messages`` replaced by the cli
 prompt plus the project's sections and the daemon's history, everything else forwarded
 unchanged with httpx; the upstream's status, content type and body bytes come back
 unchanged (SSE chunk by chunk) and the reply is recorded. A client that disconnects
-mid-stream cancels the upstream call; what arrived is recorded as a cut reply.
+mid-stream cancels the upstream call; what arrived is recorded as a cut reply. A stream read
+to its end is complete even when the client closes right after (curl does); an upstream that
+breaks off, or sends nothing for ``upstream_read_s`` (``model.timeout_s``, not httpx's 600 s),
+is recorded with that cause and the client's stream ends with an SSE error event.
 """
 
 from __future__ import annotations
@@ -45,6 +48,8 @@ class ProxyConfig:
     default_cwd: str
     socket: str | None = None
     max_body_bytes: int = MAX_BODY_BYTES
+    #: the longest the upstream may go without sending a byte (``model.timeout_s``)
+    upstream_read_s: float = 60.0
 
 
 def error(status: int, message: str, err_type: str = "invalid_request_error",
@@ -202,6 +207,10 @@ class ChatExchange(Response):
                                    content=json.dumps(out).encode(), headers=p.upstream_headers())
         try:
             resp = await p.http.send(req, stream=True)
+        except httpx.TimeoutException as exc:
+            await error(504, f"upstream timed out after {p.cfg.upstream_read_s:g} s: "
+                             f"{type(exc).__name__}", "upstream_error")(scope, receive, send)
+            return
         except httpx.HTTPError as exc:
             await error(502, f"upstream unreachable: {type(exc).__name__}: {exc}",
                         "upstream_error")(scope, receive, send)
@@ -239,36 +248,51 @@ class ChatExchange(Response):
 
     async def _stream(self, st: Any, resp: httpx.Response, headers: list[tuple[bytes, bytes]],
                       receive: Receive, send: Send) -> None:
+        """Pass the SSE stream through and record the reply with how it ended (see
+        :class:`StreamEnd`): complete once the upstream's last byte is on its way to the client
+        (a client that closes right after ``[DONE]`` changes nothing), else the first cause of
+        the cut; an upstream that breaks off or stalls past the read deadline ends the client's
+        stream with an SSE error event instead of a clean end."""
         acc = StreamAccumulator()
-        cut: str | None = None
+        end = StreamEnd()
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         async with anyio.create_task_group() as tg:
 
             async def watch_disconnect() -> None:
-                nonlocal cut
                 while True:
                     msg = await receive()
                     if msg["type"] == "http.disconnect":
-                        cut = "the client disconnected"
-                        tg.cancel_scope.cancel()
+                        if end.cause("the client disconnected"):
+                            tg.cancel_scope.cancel()
                         return
 
             tg.start_soon(watch_disconnect)
             try:
                 async for chunk in resp.aiter_raw():
                     acc.feed(chunk)
+                    if acc.done:
+                        end.finish()  # the stream is whole: set before its last send
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                if acc.complete:
+                    end.finish()
+                else:
+                    end.cause("the upstream stream ended early")
+                    await send_sse_error(send, end.reason or "", more=True)
                 await send({"type": "http.response.body", "body": b""})
+            except httpx.TimeoutException:
+                if end.cause(f"the upstream sent nothing for {self.proxy.cfg.upstream_read_s:g} s"):
+                    await _quietly(send_sse_error(send, end.reason or ""))
             except httpx.HTTPError:
-                cut = "the upstream stream broke off"
-                await send({"type": "http.response.body", "body": b""})
+                if end.cause("the upstream stream broke off"):
+                    await _quietly(send_sse_error(send, end.reason or ""))
             except OSError:
-                cut = "the client disconnected"
+                end.cause("the client disconnected")
             tg.cancel_scope.cancel()
         with anyio.CancelScope(shield=True):
-            await self._record(st, acc.message(cut), usage_of({"usage": acc.usage}))
-        if cut:
-            log.info("proxy reply cut", session=st.session_id, reason=cut, bytes=acc.bytes)
+            await self._record(st, acc.message(end.reason), usage_of({"usage": acc.usage}))
+        if end.reason:
+            log.info("proxy reply cut", session=st.session_id, reason=end.reason,
+                     bytes=acc.bytes)
 
     async def _record(self, st: Any, msg: dict[str, Any], usage: dict[str, int] | None) -> None:
         try:
@@ -277,6 +301,47 @@ class ChatExchange(Response):
             log.warning("proxy could not record the reply", session=st.session_id,
                         error=str(exc))
             self.proxy.sessions.forget(st)
+
+
+class StreamEnd:
+    """How a streamed exchange ended: complete, or cut with the first cause that happened
+    (a client disconnect noticed after the upstream broke off does not relabel the cut)."""
+
+    def __init__(self) -> None:
+        self.done = False
+        self.reason: str | None = None
+
+    def finish(self) -> None:
+        if self.reason is None:
+            self.done = True
+
+    def cause(self, why: str) -> bool:
+        """Record ``why`` as the cut's cause unless the stream is already complete or cut;
+        True when it is now the cause."""
+        if self.done or self.reason is not None:
+            return False
+        self.reason = why
+        return True
+
+
+def sse_error_event(message: str) -> bytes:
+    """An OpenAI-style SSE error event: what the SDKs raise on in a stream."""
+    body = {"error": {"message": f"upstream error: {message}", "type": "upstream_error",
+                      "param": None, "code": "upstream_stream_error"}}
+    return b"data: " + json.dumps(body).encode() + b"\n\n"
+
+
+async def send_sse_error(send: Send, message: str, *, more: bool = False) -> None:
+    """End (or, with ``more``, continue) the client's stream with an SSE error event."""
+    await send({"type": "http.response.body", "body": sse_error_event(message),
+                "more_body": more})
+
+
+async def _quietly(step: Any) -> None:
+    try:
+        await step
+    except OSError:  # the client is gone too
+        pass
 
 
 async def send_error_raw(send: Send, status: int, message: str) -> None:
@@ -297,7 +362,7 @@ def build_app(cfg: ProxyConfig) -> Starlette:
     @asynccontextmanager
     async def lifespan(app: Starlette):  # type: ignore[no-untyped-def]
         limits = httpx.Limits(max_connections=256, max_keepalive_connections=64)
-        timeout = httpx.Timeout(connect=10.0, read=600.0, write=60.0, pool=60.0)
+        timeout = httpx.Timeout(connect=10.0, read=cfg.upstream_read_s, write=60.0, pool=60.0)
         daemon = DaemonLink(cfg.socket)
         async with anyio.create_task_group() as tg, httpx.AsyncClient(
                 limits=limits, timeout=timeout) as http:

@@ -49,7 +49,8 @@ def cmd_proxy(ctx: Ctx) -> int:
     return serve(ctx)
 
 
-def _upstream(ctx: Ctx, key: str) -> tuple[str | None, str | None]:
+def _upstream(ctx: Ctx, key: str) -> tuple[str | None, str | None, float]:
+    """The upstream URL, its key and its read deadline (``model.timeout_s``)."""
     from qwenctxd.config import ConfigStore
 
     ep = ConfigStore().load_global().endpoint()
@@ -59,7 +60,7 @@ def _upstream(ctx: Ctx, key: str) -> tuple[str | None, str | None]:
     up_key = os.environ.get(UPSTREAM_KEY_ENV) or ep.api_key
     if up_key == key:  # OPENAI_API_KEY came from `eval "$(qwenctl proxy env)"`
         up_key = None
-    return url, up_key
+    return url, up_key, ep.timeout_s
 
 
 def serve(ctx: Ctx) -> int:
@@ -79,7 +80,7 @@ def serve(ctx: Ctx) -> int:
         return EXIT_USAGE
     key = keys.load_or_create_key()
     ctx.call(methods.DAEMON_PING)  # autostarts the daemon unless --no-autostart
-    url, up_key = _upstream(ctx, key)
+    url, up_key, read_s = _upstream(ctx, key)
     ctx.close()
     if not url:
         sys.stderr.write("qwenctl proxy: no upstream: pass --upstream URL or configure the "
@@ -100,7 +101,7 @@ def serve(ctx: Ctx) -> int:
         return EXIT_USAGE
     structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
     cfg = ProxyConfig(key=key, upstream=url, upstream_key=up_key, default_cwd=cwd,
-                      socket=a.socket)
+                      socket=a.socket, upstream_read_s=read_s)
     sys.stderr.write(f"qwenctl proxy: listening on {keys.base_url(bound)} (project {cwd}, "
                      f"upstream {url})\n")
     sys.stderr.flush()
