@@ -209,6 +209,7 @@ class SessionOptions:
     agent: dict[str, Any] | None = None
     keep_reasoning: str = "current_turn"
     own_skill: bool = True
+    window_source: str = "default"  # sessions/window.py: client|upstream|settings|config|default
 
 
 @dataclass
