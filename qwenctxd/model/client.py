@@ -64,6 +64,7 @@ from qwenctxd.model.results import (
     with_schema_instruction,
     without_response_format,
 )
+from qwenctxd.model.scheduler import BACKGROUND_FEATURES, EndpointScheduler, Preempted
 from qwenctxd.protocol.errors import ModelUnavailable
 
 if TYPE_CHECKING:
@@ -77,6 +78,9 @@ T = TypeVar("T")
 DeltaCallback = Callable[[str], Awaitable[None] | None]
 
 _SCHEMA_REJECTED = frozenset({"http_400", "http_422", "http_500"})
+#: endpoint profiles whose servers keep generating a non-streamed answer the client abandoned;
+#: their background side queries go streamed (model/scheduler.py preempts them)
+STREAMED_PROFILES = frozenset({"llamacpp", "ollama"})
 _STATUS_FEATURES = ("compress", "project_summary", "recap", "recall", "forget", "extract",
                     "dream", "skill_review", "speculation")
 
@@ -106,6 +110,10 @@ class _Request:
     model: str
     timeout: float
     kwargs: dict[str, Any]
+    feature: str = "other"
+    #: a background side query sent streamed, so that closing it stops the server generating
+    #: (llama.cpp-family servers finish a non-streamed request the client has given up on)
+    stream: bool = False
     #: monotonic time by which the call must end (set when the request is prepared, so the
     #: lazy ``openai`` import and connection set-up count against the deadline too)
     deadline: float = 0.0
@@ -118,8 +126,10 @@ class _Request:
 class ModelClient:
     """Chat-completions client for side queries; see the module docstring for the policy."""
 
-    def __init__(self, endpoint: ModelEndpoint) -> None:
+    def __init__(self, endpoint: ModelEndpoint,
+                 scheduler: EndpointScheduler | None = None) -> None:
         self._endpoint = endpoint
+        self._scheduler = scheduler
         self._openai: ModuleType | None = None
         self._slot: _Slot | None = None
         self._retired: list[_Slot] = []
@@ -171,7 +181,13 @@ class ModelClient:
             "deadlines": {f: self.deadline(f) for f in _STATUS_FEATURES},
             "quirks": sorted(self.quirks()),
             "json_schema_fallback": "json_schema_rejected" in self.quirks(),
+            "scheduler": self._scheduler.status() if self._scheduler is not None else None,
         }
+
+    @property
+    def scheduler(self) -> EndpointScheduler | None:
+        """Foreground-first admission of background side queries (model/scheduler.py)."""
+        return self._scheduler
 
     @property
     def context_window(self) -> int:
@@ -252,7 +268,7 @@ class ModelClient:
                 call, messages, model, fast, max_tokens, temperature, tools, tool_choice,
                 timeout_s, extra_body, feature, thinking,
             )  # fmt: skip
-            return await self._run(call, req, self._complete_once)
+            return await self._run(call, req, self._one_shot)
 
     async def stream(
         self,
@@ -331,9 +347,10 @@ class ModelClient:
                     kwargs["messages"] = with_schema_instruction(base["messages"], schema)
                 if fmt is not None:
                     kwargs["response_format"] = fmt
-                rung = _Request(model=req.model, timeout=remaining, kwargs=kwargs)
+                rung = _Request(model=req.model, timeout=remaining, kwargs=kwargs,
+                                feature=req.feature, stream=req.stream)
                 try:
-                    done = await self._run(call, rung, self._complete_once)
+                    done = await self._run(call, rung, self._one_shot)
                 except ModelUnavailable as exc:
                     reason = reason_of(exc)
                     if quirk is None or reason not in _SCHEMA_REJECTED:
@@ -411,7 +428,9 @@ class ModelClient:
         timeout = self.deadline(feature) if timeout_s is None else timeout_s
         if timeout <= 0:
             raise ValueError("timeout_s must be > 0")
-        return _Request(model=name, timeout=timeout, kwargs=kwargs)
+        stream = feature in BACKGROUND_FEATURES and ep.profile in STREAMED_PROFILES
+        return _Request(model=name, timeout=timeout, kwargs=kwargs, feature=feature,
+                        stream=stream)
 
     async def _import(self) -> ModuleType:
         if self._openai is None:
@@ -458,7 +477,20 @@ class ModelClient:
         req: _Request,
         body: Callable[[AsyncOpenAI, _Request], Awaitable[T]],
     ) -> T:
-        """Run ``body`` under the hard deadline, mapping every failure to ModelUnavailable."""
+        """Run ``body`` under the hard deadline, mapping every failure to ModelUnavailable.
+
+        A background feature's call first waits (at most its own budget, which the wait does
+        not eat into) until the endpoint has no foreground request, and is preempted by one
+        that begins while it runs (model/scheduler.py)."""
+        sched = self._scheduler if req.feature in BACKGROUND_FEATURES else None
+        url = self._endpoint.base_url
+        if sched is not None:
+            started = time.monotonic()
+            if not await sched.wait_idle(url, req.deadline - started):
+                call.error_type = "foreground_busy"
+                raise unavailable("timeout", detail="the endpoint stayed busy with the user's "
+                                  "own requests")
+            req.deadline += time.monotonic() - started
         try:
             slot = await self._acquire()
         except Exception as exc:  # e.g. the SDK refusing its configuration
@@ -472,8 +504,16 @@ class ModelClient:
             if remaining <= 0:
                 raise TimeoutError
             req.timeout = remaining
-            with anyio.fail_after(remaining):
-                return await body(slot.client, req)
+            if sched is None:
+                with anyio.fail_after(remaining):
+                    return await body(slot.client, req)
+            async with sched.background(url):
+                with anyio.fail_after(remaining):
+                    return await body(slot.client, req)
+            raise AssertionError("unreachable")  # pragma: no cover
+        except Preempted:
+            call.error_type = "preempted"
+            raise unavailable("preempted") from None
         except ModelUnavailable:
             raise
         except TimeoutError:
@@ -507,6 +547,12 @@ class ModelClient:
         if isinstance(exc, (json.JSONDecodeError, UnicodeDecodeError)):
             return unavailable("invalid_json")
         return None
+
+    async def _one_shot(self, client: AsyncOpenAI, req: _Request) -> Completion:
+        """One whole answer: streamed and accumulated when ``req.stream``, else plain."""
+        if req.stream:
+            return await self._stream_once(client, req, None)
+        return await self._complete_once(client, req)
 
     async def _complete_once(self, client: AsyncOpenAI, req: _Request) -> Completion:
         resp: Any = await client.chat.completions.create(**req.kwargs, timeout=req.timeout)

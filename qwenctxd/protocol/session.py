@@ -35,6 +35,9 @@ class OpenParams(Params):
     agent: AgentInfo | None = None
     # which reasoning fields returned messages keep (protocol C4)
     keep_reasoning: Literal["none", "current_turn", "all"] | None = None
+    # the OpenAI-compatible base URL the client's agent sends its requests to (the proxy's
+    # upstream): the daemon's side queries yield to this session's requests on that server
+    model_base_url: str | None = None
 
 
 class OpenResult(msgspec.Struct, kw_only=True):

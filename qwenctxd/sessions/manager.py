@@ -112,6 +112,8 @@ class SessionManager:
         if p.session_id and p.session_id in self.sessions:
             s = self.sessions[p.session_id]  # another client continues the same session
             self._opened_at[s.id] = time.time()
+            if p.model_base_url is not None:
+                s.model_base_url = p.model_base_url
             tokens = s.usage.prompt_tokens or s.estimate(0)[0]
             return wire.OpenResult(session_id=s.id, resumed=True, messages=len(s.history.messages),
                                    prompt_tokens=tokens, window_tokens=s.options.window_tokens,
@@ -152,7 +154,7 @@ class SessionManager:
             own_skill=not any(tool_roles.tool_name(t) == SKILL_NAME for t in client_tools))
         s = Session(
             id=session_id, cwd=cwd, project_root=root, model=p.model, options=opts, env=env,
-            path=path,
+            path=path, model_base_url=p.model_base_url,
             # fsync happens in a background job (at most once a second), never on the turn path;
             # close() still fsyncs
             writer=records.JsonlWriter(path, fsync="interval", fsync_interval=float("inf")),
@@ -322,11 +324,25 @@ class SessionManager:
         s = self.get(session_id)
         if s.deliveries.prefetch is not None:
             self.tasks.cancel(s.deliveries.prefetch)
+        self.end_foreground(s)
         async with s.lock:
             s.writer.close()
             self.sessions.pop(session_id, None)
             self._opened_at.pop(session_id, None)
         await self._index_upsert(s)
+
+    # -- foreground marks (model/scheduler.py) --------------------------------------------------
+    def begin_foreground(self, s: Session) -> None:
+        """``s``'s agent is about to send the prompt just assembled to its model server."""
+        sched = self.model.scheduler
+        if sched is not None and s.model_base_url:
+            sched.begin_foreground(s.model_base_url, s.id)
+
+    def end_foreground(self, s: Session) -> None:
+        """``s``'s agent has its answer (or gave up)."""
+        sched = self.model.scheduler
+        if sched is not None:
+            sched.end_foreground(s.id)
 
     # -- idle close ---------------------------------------------------------------------------
     def idle_for(self, s: Session, now: float) -> float:
