@@ -30,8 +30,6 @@ swaps the endpoint on config reload and retires the old client once its calls fi
 from __future__ import annotations
 
 import importlib
-import inspect
-import json
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -43,6 +41,13 @@ import anyio
 import structlog
 
 from qwenctxd.config.schema import ModelEndpoint
+from qwenctxd.model.calls import (
+    DeltaCallback,
+    Request,
+    map_error,
+    one_shot,
+    stream_once,
+)
 from qwenctxd.model.request import (
     DEFAULT_CONTEXT_WINDOW,
     PROFILE_QUIRKS,
@@ -53,14 +58,11 @@ from qwenctxd.model.request import (
 from qwenctxd.model.results import (
     Completion,
     Message,
-    ToolCallAccumulator,
-    dump_model,
     parse_json_reply,
     reason_of,
     safe_url,
     unavailable,
     url_problem,
-    usage_dict,
     with_schema_instruction,
     without_response_format,
 )
@@ -75,7 +77,6 @@ __all__ = ["Completion", "DeltaCallback", "Message", "ModelClient", "parse_json_
 log = structlog.get_logger(__name__)
 
 T = TypeVar("T")
-DeltaCallback = Callable[[str], Awaitable[None] | None]
 
 _SCHEMA_REJECTED = frozenset({"http_400", "http_422", "http_500"})
 #: endpoint profiles whose servers keep generating a non-streamed answer the client abandoned;
@@ -103,24 +104,6 @@ class _Call:
     model: str | None = None
     error_type: str | None = None
     started: float = field(default_factory=time.monotonic)
-
-
-@dataclass(slots=True)
-class _Request:
-    model: str
-    timeout: float
-    kwargs: dict[str, Any]
-    feature: str = "other"
-    #: a background side query sent streamed, so that closing it stops the server generating
-    #: (llama.cpp-family servers finish a non-streamed request the client has given up on)
-    stream: bool = False
-    #: monotonic time by which the call must end (set when the request is prepared, so the
-    #: lazy ``openai`` import and connection set-up count against the deadline too)
-    deadline: float = 0.0
-
-    def __post_init__(self) -> None:
-        if not self.deadline:
-            self.deadline = time.monotonic() + self.timeout
 
 
 class ModelClient:
@@ -268,7 +251,7 @@ class ModelClient:
                 call, messages, model, fast, max_tokens, temperature, tools, tool_choice,
                 timeout_s, extra_body, feature, thinking,
             )  # fmt: skip
-            return await self._run(call, req, self._one_shot)
+            return await self._run(call, req, self._one_shot_call)
 
     async def stream(
         self,
@@ -293,8 +276,8 @@ class ModelClient:
                 timeout_s, extra_body, feature, thinking,
             )  # fmt: skip
 
-            async def body(client: AsyncOpenAI, r: _Request) -> Completion:
-                return await self._stream_once(client, r, on_delta)
+            async def body(client: AsyncOpenAI, r: Request) -> Completion:
+                return await stream_once(self._oa(), client, r, on_delta)
 
             return await self._run(call, req, body)
 
@@ -347,10 +330,10 @@ class ModelClient:
                     kwargs["messages"] = with_schema_instruction(base["messages"], schema)
                 if fmt is not None:
                     kwargs["response_format"] = fmt
-                rung = _Request(model=req.model, timeout=remaining, kwargs=kwargs,
+                rung = Request(model=req.model, timeout=remaining, kwargs=kwargs,
                                 feature=req.feature, stream=req.stream)
                 try:
-                    done = await self._run(call, rung, self._one_shot)
+                    done = await self._run(call, rung, self._one_shot_call)
                 except ModelUnavailable as exc:
                     reason = reason_of(exc)
                     if quirk is None or reason not in _SCHEMA_REJECTED:
@@ -405,7 +388,7 @@ class ModelClient:
         extra_body: Mapping[str, Any] | None,
         feature: str,
         thinking: bool | None,
-    ) -> _Request:
+    ) -> Request:
         ep = self._endpoint
         if not ep.configured:
             raise unavailable("not_configured")
@@ -429,7 +412,7 @@ class ModelClient:
         if timeout <= 0:
             raise ValueError("timeout_s must be > 0")
         stream = feature in BACKGROUND_FEATURES and ep.profile in STREAMED_PROFILES
-        return _Request(model=name, timeout=timeout, kwargs=kwargs, feature=feature,
+        return Request(model=name, timeout=timeout, kwargs=kwargs, feature=feature,
                         stream=stream)
 
     async def _import(self) -> ModuleType:
@@ -474,8 +457,8 @@ class ModelClient:
     async def _run(
         self,
         call: _Call,
-        req: _Request,
-        body: Callable[[AsyncOpenAI, _Request], Awaitable[T]],
+        req: Request,
+        body: Callable[[AsyncOpenAI, Request], Awaitable[T]],
     ) -> T:
         """Run ``body`` under the hard deadline, mapping every failure to ModelUnavailable.
 
@@ -494,7 +477,7 @@ class ModelClient:
         try:
             slot = await self._acquire()
         except Exception as exc:  # e.g. the SDK refusing its configuration
-            mapped = self._map_error(exc, req.timeout)
+            mapped = map_error(self._openai, exc, req.timeout)
             if mapped is None:
                 raise
             call.error_type = type(exc).__name__
@@ -520,7 +503,7 @@ class ModelClient:
             call.error_type = "deadline"
             raise unavailable("timeout", detail=f"{req.timeout:g}s") from None
         except Exception as exc:
-            mapped = self._map_error(exc, req.timeout)
+            mapped = map_error(self._openai, exc, req.timeout)
             if mapped is None:
                 raise
             call.error_type = type(exc).__name__
@@ -528,96 +511,9 @@ class ModelClient:
         finally:
             await self._release(slot)
 
-    def _map_error(self, exc: Exception, timeout: float) -> ModelUnavailable | None:
-        oa = self._openai
-        if oa is None:
-            return None
-        if isinstance(exc, oa.APITimeoutError):
-            return unavailable("timeout", detail=f"{timeout:g}s")
-        if isinstance(exc, oa.APIConnectionError):
-            return unavailable("connection")
-        if isinstance(exc, oa.APIResponseValidationError):
-            return unavailable("invalid_json")
-        if isinstance(exc, oa.APIStatusError):
-            return unavailable(f"http_{exc.status_code}", status=exc.status_code)
-        if isinstance(exc, oa.OpenAIError):
-            return unavailable("api_error")
-        # openai 3.x lets the body's JSONDecodeError through for a 200 with a broken JSON body
-        # (and for a broken SSE data line).
-        if isinstance(exc, (json.JSONDecodeError, UnicodeDecodeError)):
-            return unavailable("invalid_json")
-        return None
+    def _oa(self) -> ModuleType:
+        assert self._openai is not None  # imported by _acquire before any body runs
+        return self._openai
 
-    async def _one_shot(self, client: AsyncOpenAI, req: _Request) -> Completion:
-        """One whole answer: streamed and accumulated when ``req.stream``, else plain."""
-        if req.stream:
-            return await self._stream_once(client, req, None)
-        return await self._complete_once(client, req)
-
-    async def _complete_once(self, client: AsyncOpenAI, req: _Request) -> Completion:
-        resp: Any = await client.chat.completions.create(**req.kwargs, timeout=req.timeout)
-        if isinstance(resp, str):  # a non-JSON content type: the SDK hands back the raw text
-            raise unavailable("invalid_json")
-        choices = getattr(resp, "choices", None)
-        if not choices:
-            raise unavailable("empty")
-        choice = choices[0]
-        message = getattr(choice, "message", None)
-        text = getattr(message, "content", None) or ""
-        calls = [dump_model(tc) for tc in (getattr(message, "tool_calls", None) or [])]
-        if not text and not calls:
-            raise unavailable("empty")
-        return Completion(
-            text=text,
-            tool_calls=calls,
-            finish_reason=getattr(choice, "finish_reason", None),
-            usage=usage_dict(getattr(resp, "usage", None)),
-            model=getattr(resp, "model", None) or req.model,
-        )
-
-    async def _stream_once(
-        self, client: AsyncOpenAI, req: _Request, on_delta: DeltaCallback | None
-    ) -> Completion:
-        oa = self._openai
-        assert oa is not None
-        stream: Any = await client.chat.completions.create(
-            **req.kwargs,
-            stream=True,
-            stream_options={"include_usage": True},
-            timeout=req.timeout,
-        )
-        parts: list[str] = []
-        tools = ToolCallAccumulator()
-        finish: str | None = None
-        usage: dict[str, int] | None = None
-        model = req.model
-        try:
-            async for chunk in stream:
-                model = getattr(chunk, "model", None) or model
-                usage = usage_dict(getattr(chunk, "usage", None)) or usage
-                for choice in getattr(chunk, "choices", None) or []:
-                    delta = getattr(choice, "delta", None)
-                    if delta is not None and delta.content:
-                        parts.append(delta.content)
-                        if on_delta is not None:
-                            result = on_delta(delta.content)
-                            if inspect.isawaitable(result):
-                                await result
-                    for tc in (delta.tool_calls if delta is not None else None) or []:
-                        tools.feed(tc)
-                    finish = getattr(choice, "finish_reason", None) or finish
-        except oa.APITimeoutError:
-            raise
-        except oa.APIConnectionError:
-            raise unavailable("stream_cut") from None
-        finally:
-            with anyio.CancelScope(shield=True):
-                await stream.close()
-        if finish is None:
-            raise unavailable("stream_cut")
-        text, calls = "".join(parts), tools.result()
-        if not text and not calls:
-            raise unavailable("empty")
-        return Completion(
-            text=text, tool_calls=calls, finish_reason=finish, usage=usage, model=model
-        )
+    async def _one_shot_call(self, client: AsyncOpenAI, req: Request) -> Completion:
+        return await one_shot(self._oa(), client, req)
