@@ -50,6 +50,9 @@ class MemorySettings(_Section):
     enable_team_memory: bool = False
     # how long a user turn may wait for a memory recall already in flight (0: never wait)
     prefetch_grace_ms: Annotated[int, Meta(ge=0, le=2000)] = 50
+    # whether a user turn's recall asks the model selector: "auto" = yes, unless the side-query
+    # endpoint is the local server the session's own agent uses (one slot; sessions/turns.py)
+    recall_selector: Literal["auto", "on", "off"] = "auto"
 
 
 class SkillsSettings(_Section):

@@ -10,7 +10,9 @@ section of the system prompt, vets writes into team memory, and forgets in two s
 from __future__ import annotations
 
 import json
+import math
 import os
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,6 +57,8 @@ class RecallOutcome:
     prompt: str
     scores: dict[str, float] = field(default_factory=dict)
     fell_back: str | None = None
+    #: which tiers answered, in order: {name: lexical|selector, ms, status: ok|late|failed|off}
+    tiers: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -208,52 +212,86 @@ class MemoryService:
 
     # -- recall -------------------------------------------------------------------------------------
     async def recall(self, cwd: Path, query: str, *, active_tools: Sequence[str] = (),
-                     exclude: Sequence[str] = (), limit: int = render.MAX_RELEVANT_DOCS
+                     exclude: Sequence[str] = (), limit: int = render.MAX_RELEVANT_DOCS,
+                     use_selector: bool = True, selector_timeout_s: float | None = None,
+                     on_lexical: Callable[[RecallOutcome], None] | None = None,
                      ) -> RecallOutcome:
+        """The memories for ``query``: the lexical tier's hits, refined by the model selector
+        when one is configured and ``use_selector`` is on.
+
+        Never worse with a model than without: ``on_lexical`` is handed the lexical answer as
+        soon as it exists (a turn that cannot wait for the selector delivers it), and a selector
+        that fails, answers nothing or misses ``selector_timeout_s`` leaves the lexical answer
+        standing (``tiers`` says which happened)."""
         proj = await self.project(cwd)
         if not query.strip() or not proj.docs or is_noise_query(query):
             # nothing to match on (noise such as one CJK character): no recall at all
             return RecallOutcome(strategy="none", docs=[], prompt="")
         by_path = {str(d.path): d for d in proj.docs}
         excluded = set(exclude)
+        aliases = render.tool_aliases(active_tools)
+        started = time.monotonic()
         hits = await proj.lexical.search(query, limit=LEXICAL_CANDIDATES, exclude=list(excluded))
         scores = {h.path: h.score for h in hits}
-        aliases = render.tool_aliases(active_tools)
+        tiers: list[dict[str, Any]] = [{"name": "lexical", "status": "ok",
+                                        "ms": round((time.monotonic() - started) * 1000, 2)}]
+        lexical = [d for d in (by_path[h.path] for h in hits if h.path in by_path)
+                   if not render.is_tool_noise(d, aliases)][:limit]
+        outcome = self._outcome("heuristic", lexical, scores, None, tiers)
+        if on_lexical is not None:
+            on_lexical(outcome)
         model = self._model()
-        strategy = "heuristic"
-        fell_back = None
-        chosen: list[store.MemoryDoc] = []
-        if model.configured:
-            ranked = [by_path[h.path] for h in hits if h.path in by_path]
-            seen = {str(d.path) for d in ranked}
-            recent = sorted((d for d in proj.docs if str(d.path) not in seen
-                             and str(d.path) not in excluded), key=lambda d: -d.mtime)
-            candidates = (ranked + recent)[:MODEL_CANDIDATES]
+        if not model.configured or not use_selector:
+            tiers.append({"name": "selector", "status": "off", "ms": 0.0})
+            return self._counted(proj, outcome)
+        ranked = [by_path[h.path] for h in hits if h.path in by_path]
+        seen = {str(d.path) for d in ranked}
+        recent = sorted((d for d in proj.docs if str(d.path) not in seen
+                         and str(d.path) not in excluded), key=lambda d: -d.mtime)
+        candidates = (ranked + recent)[:MODEL_CANDIDATES]
+        started = time.monotonic()
+        fell_back: str | None = None
+        picked: list[str] | None = None
+        status = "ok"
+        with anyio.move_on_after(selector_timeout_s if selector_timeout_s is not None
+                                 else math.inf) as late:
             try:
                 picked = await selector.select_for_recall(
                     model, query, candidates, active_tools=active_tools, limit=limit)
-                chosen = [by_path[p] for p in picked if p in by_path]
-                if chosen:
-                    strategy = "model"
-                else:  # an answer that selects nothing lets the lexical tier answer
-                    fell_back = "model_selected_nothing"
-                    log.info("recall fell back to lexical", reason=fell_back)
             except ModelUnavailable as exc:
                 fell_back = (exc.data or {}).get("reason", "error") if isinstance(
                     exc.data, dict) else "error"
-                log.info("recall fell back to lexical", reason=fell_back)
-        if strategy == "heuristic":
-            chosen = [by_path[h.path] for h in hits if h.path in by_path]
+                status = "failed"
+        if late.cancelled_caught:
+            fell_back, status = "late", "late"
+        tiers.append({"name": "selector", "status": status,
+                      "ms": round((time.monotonic() - started) * 1000, 2)})
+        chosen = [by_path[p] for p in picked or () if p in by_path]
         chosen = [d for d in chosen if not render.is_tool_noise(d, aliases)][:limit]
-        for d in chosen:
-            self._hits[str(d.path)] = self._hits.get(str(d.path), 0) + 1
-        if chosen:
-            self._save_hits(proj)
+        if picked is not None and not chosen:
+            fell_back = "model_selected_nothing"  # the lexical tier answers
         if not chosen:
+            log.info("recall fell back to lexical", reason=fell_back)
+            outcome.fell_back = fell_back
+            return self._counted(proj, outcome)
+        return self._counted(proj, self._outcome("model", chosen, scores, None, tiers))
+
+    @staticmethod
+    def _outcome(strategy: str, docs: list[store.MemoryDoc], scores: dict[str, float],
+                 fell_back: str | None, tiers: list[dict[str, Any]]) -> RecallOutcome:
+        if not docs:
             return RecallOutcome(strategy="none" if strategy == "heuristic" else strategy,
-                                 docs=[], prompt="", scores=scores, fell_back=fell_back)
-        return RecallOutcome(strategy=strategy, docs=chosen, prompt=render.render(chosen),
-                             scores=scores, fell_back=fell_back)
+                                 docs=[], prompt="", scores=scores, fell_back=fell_back,
+                                 tiers=tiers)
+        return RecallOutcome(strategy=strategy, docs=docs, prompt=render.render(docs),
+                             scores=scores, fell_back=fell_back, tiers=tiers)
+
+    def _counted(self, proj: _Project, outcome: RecallOutcome) -> RecallOutcome:
+        for d in outcome.docs:
+            self._hits[str(d.path)] = self._hits.get(str(d.path), 0) + 1
+        if outcome.docs:
+            self._save_hits(proj)
+        return outcome
 
     def hits(self, path: str) -> int:
         return self._hits.get(path, 0)

@@ -30,8 +30,6 @@ swaps the endpoint on config reload and retires the old client once its calls fi
 from __future__ import annotations
 
 import importlib
-import inspect
-import json
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -43,6 +41,13 @@ import anyio
 import structlog
 
 from qwenctxd.config.schema import ModelEndpoint
+from qwenctxd.model.calls import (
+    DeltaCallback,
+    Request,
+    map_error,
+    one_shot,
+    stream_once,
+)
 from qwenctxd.model.request import (
     DEFAULT_CONTEXT_WINDOW,
     PROFILE_QUIRKS,
@@ -53,17 +58,15 @@ from qwenctxd.model.request import (
 from qwenctxd.model.results import (
     Completion,
     Message,
-    ToolCallAccumulator,
-    dump_model,
     parse_json_reply,
     reason_of,
     safe_url,
     unavailable,
     url_problem,
-    usage_dict,
     with_schema_instruction,
     without_response_format,
 )
+from qwenctxd.model.scheduler import BACKGROUND_FEATURES, EndpointScheduler, Preempted
 from qwenctxd.protocol.errors import ModelUnavailable
 
 if TYPE_CHECKING:
@@ -74,9 +77,11 @@ __all__ = ["Completion", "DeltaCallback", "Message", "ModelClient", "parse_json_
 log = structlog.get_logger(__name__)
 
 T = TypeVar("T")
-DeltaCallback = Callable[[str], Awaitable[None] | None]
 
 _SCHEMA_REJECTED = frozenset({"http_400", "http_422", "http_500"})
+#: endpoint profiles whose servers keep generating a non-streamed answer the client abandoned;
+#: their background side queries go streamed (model/scheduler.py preempts them)
+STREAMED_PROFILES = frozenset({"llamacpp", "ollama"})
 _STATUS_FEATURES = ("compress", "project_summary", "recap", "recall", "forget", "extract",
                     "dream", "skill_review", "speculation")
 
@@ -101,25 +106,13 @@ class _Call:
     started: float = field(default_factory=time.monotonic)
 
 
-@dataclass(slots=True)
-class _Request:
-    model: str
-    timeout: float
-    kwargs: dict[str, Any]
-    #: monotonic time by which the call must end (set when the request is prepared, so the
-    #: lazy ``openai`` import and connection set-up count against the deadline too)
-    deadline: float = 0.0
-
-    def __post_init__(self) -> None:
-        if not self.deadline:
-            self.deadline = time.monotonic() + self.timeout
-
-
 class ModelClient:
     """Chat-completions client for side queries; see the module docstring for the policy."""
 
-    def __init__(self, endpoint: ModelEndpoint) -> None:
+    def __init__(self, endpoint: ModelEndpoint,
+                 scheduler: EndpointScheduler | None = None) -> None:
         self._endpoint = endpoint
+        self._scheduler = scheduler
         self._openai: ModuleType | None = None
         self._slot: _Slot | None = None
         self._retired: list[_Slot] = []
@@ -171,7 +164,13 @@ class ModelClient:
             "deadlines": {f: self.deadline(f) for f in _STATUS_FEATURES},
             "quirks": sorted(self.quirks()),
             "json_schema_fallback": "json_schema_rejected" in self.quirks(),
+            "scheduler": self._scheduler.status() if self._scheduler is not None else None,
         }
+
+    @property
+    def scheduler(self) -> EndpointScheduler | None:
+        """Foreground-first admission of background side queries (model/scheduler.py)."""
+        return self._scheduler
 
     @property
     def context_window(self) -> int:
@@ -252,7 +251,7 @@ class ModelClient:
                 call, messages, model, fast, max_tokens, temperature, tools, tool_choice,
                 timeout_s, extra_body, feature, thinking,
             )  # fmt: skip
-            return await self._run(call, req, self._complete_once)
+            return await self._run(call, req, self._one_shot_call)
 
     async def stream(
         self,
@@ -277,8 +276,8 @@ class ModelClient:
                 timeout_s, extra_body, feature, thinking,
             )  # fmt: skip
 
-            async def body(client: AsyncOpenAI, r: _Request) -> Completion:
-                return await self._stream_once(client, r, on_delta)
+            async def body(client: AsyncOpenAI, r: Request) -> Completion:
+                return await stream_once(self._oa(), client, r, on_delta)
 
             return await self._run(call, req, body)
 
@@ -331,9 +330,10 @@ class ModelClient:
                     kwargs["messages"] = with_schema_instruction(base["messages"], schema)
                 if fmt is not None:
                     kwargs["response_format"] = fmt
-                rung = _Request(model=req.model, timeout=remaining, kwargs=kwargs)
+                rung = Request(model=req.model, timeout=remaining, kwargs=kwargs,
+                                feature=req.feature, stream=req.stream)
                 try:
-                    done = await self._run(call, rung, self._complete_once)
+                    done = await self._run(call, rung, self._one_shot_call)
                 except ModelUnavailable as exc:
                     reason = reason_of(exc)
                     if quirk is None or reason not in _SCHEMA_REJECTED:
@@ -388,7 +388,7 @@ class ModelClient:
         extra_body: Mapping[str, Any] | None,
         feature: str,
         thinking: bool | None,
-    ) -> _Request:
+    ) -> Request:
         ep = self._endpoint
         if not ep.configured:
             raise unavailable("not_configured")
@@ -411,7 +411,9 @@ class ModelClient:
         timeout = self.deadline(feature) if timeout_s is None else timeout_s
         if timeout <= 0:
             raise ValueError("timeout_s must be > 0")
-        return _Request(model=name, timeout=timeout, kwargs=kwargs)
+        stream = feature in BACKGROUND_FEATURES and ep.profile in STREAMED_PROFILES
+        return Request(model=name, timeout=timeout, kwargs=kwargs, feature=feature,
+                        stream=stream)
 
     async def _import(self) -> ModuleType:
         if self._openai is None:
@@ -455,14 +457,27 @@ class ModelClient:
     async def _run(
         self,
         call: _Call,
-        req: _Request,
-        body: Callable[[AsyncOpenAI, _Request], Awaitable[T]],
+        req: Request,
+        body: Callable[[AsyncOpenAI, Request], Awaitable[T]],
     ) -> T:
-        """Run ``body`` under the hard deadline, mapping every failure to ModelUnavailable."""
+        """Run ``body`` under the hard deadline, mapping every failure to ModelUnavailable.
+
+        A background feature's call first waits (at most its own budget, which the wait does
+        not eat into) until the endpoint has no foreground request, and is preempted by one
+        that begins while it runs (model/scheduler.py)."""
+        sched = self._scheduler if req.feature in BACKGROUND_FEATURES else None
+        url = self._endpoint.base_url
+        if sched is not None:
+            started = time.monotonic()
+            if not await sched.wait_idle(url, req.deadline - started):
+                call.error_type = "foreground_busy"
+                raise unavailable("timeout", detail="the endpoint stayed busy with the user's "
+                                  "own requests")
+            req.deadline += time.monotonic() - started
         try:
             slot = await self._acquire()
         except Exception as exc:  # e.g. the SDK refusing its configuration
-            mapped = self._map_error(exc, req.timeout)
+            mapped = map_error(self._openai, exc, req.timeout)
             if mapped is None:
                 raise
             call.error_type = type(exc).__name__
@@ -472,15 +487,23 @@ class ModelClient:
             if remaining <= 0:
                 raise TimeoutError
             req.timeout = remaining
-            with anyio.fail_after(remaining):
-                return await body(slot.client, req)
+            if sched is None:
+                with anyio.fail_after(remaining):
+                    return await body(slot.client, req)
+            async with sched.background(url):
+                with anyio.fail_after(remaining):
+                    return await body(slot.client, req)
+            raise AssertionError("unreachable")  # pragma: no cover
+        except Preempted:
+            call.error_type = "preempted"
+            raise unavailable("preempted") from None
         except ModelUnavailable:
             raise
         except TimeoutError:
             call.error_type = "deadline"
             raise unavailable("timeout", detail=f"{req.timeout:g}s") from None
         except Exception as exc:
-            mapped = self._map_error(exc, req.timeout)
+            mapped = map_error(self._openai, exc, req.timeout)
             if mapped is None:
                 raise
             call.error_type = type(exc).__name__
@@ -488,90 +511,9 @@ class ModelClient:
         finally:
             await self._release(slot)
 
-    def _map_error(self, exc: Exception, timeout: float) -> ModelUnavailable | None:
-        oa = self._openai
-        if oa is None:
-            return None
-        if isinstance(exc, oa.APITimeoutError):
-            return unavailable("timeout", detail=f"{timeout:g}s")
-        if isinstance(exc, oa.APIConnectionError):
-            return unavailable("connection")
-        if isinstance(exc, oa.APIResponseValidationError):
-            return unavailable("invalid_json")
-        if isinstance(exc, oa.APIStatusError):
-            return unavailable(f"http_{exc.status_code}", status=exc.status_code)
-        if isinstance(exc, oa.OpenAIError):
-            return unavailable("api_error")
-        # openai 3.x lets the body's JSONDecodeError through for a 200 with a broken JSON body
-        # (and for a broken SSE data line).
-        if isinstance(exc, (json.JSONDecodeError, UnicodeDecodeError)):
-            return unavailable("invalid_json")
-        return None
+    def _oa(self) -> ModuleType:
+        assert self._openai is not None  # imported by _acquire before any body runs
+        return self._openai
 
-    async def _complete_once(self, client: AsyncOpenAI, req: _Request) -> Completion:
-        resp: Any = await client.chat.completions.create(**req.kwargs, timeout=req.timeout)
-        if isinstance(resp, str):  # a non-JSON content type: the SDK hands back the raw text
-            raise unavailable("invalid_json")
-        choices = getattr(resp, "choices", None)
-        if not choices:
-            raise unavailable("empty")
-        choice = choices[0]
-        message = getattr(choice, "message", None)
-        text = getattr(message, "content", None) or ""
-        calls = [dump_model(tc) for tc in (getattr(message, "tool_calls", None) or [])]
-        if not text and not calls:
-            raise unavailable("empty")
-        return Completion(
-            text=text,
-            tool_calls=calls,
-            finish_reason=getattr(choice, "finish_reason", None),
-            usage=usage_dict(getattr(resp, "usage", None)),
-            model=getattr(resp, "model", None) or req.model,
-        )
-
-    async def _stream_once(
-        self, client: AsyncOpenAI, req: _Request, on_delta: DeltaCallback | None
-    ) -> Completion:
-        oa = self._openai
-        assert oa is not None
-        stream: Any = await client.chat.completions.create(
-            **req.kwargs,
-            stream=True,
-            stream_options={"include_usage": True},
-            timeout=req.timeout,
-        )
-        parts: list[str] = []
-        tools = ToolCallAccumulator()
-        finish: str | None = None
-        usage: dict[str, int] | None = None
-        model = req.model
-        try:
-            async for chunk in stream:
-                model = getattr(chunk, "model", None) or model
-                usage = usage_dict(getattr(chunk, "usage", None)) or usage
-                for choice in getattr(chunk, "choices", None) or []:
-                    delta = getattr(choice, "delta", None)
-                    if delta is not None and delta.content:
-                        parts.append(delta.content)
-                        if on_delta is not None:
-                            result = on_delta(delta.content)
-                            if inspect.isawaitable(result):
-                                await result
-                    for tc in (delta.tool_calls if delta is not None else None) or []:
-                        tools.feed(tc)
-                    finish = getattr(choice, "finish_reason", None) or finish
-        except oa.APITimeoutError:
-            raise
-        except oa.APIConnectionError:
-            raise unavailable("stream_cut") from None
-        finally:
-            with anyio.CancelScope(shield=True):
-                await stream.close()
-        if finish is None:
-            raise unavailable("stream_cut")
-        text, calls = "".join(parts), tools.result()
-        if not text and not calls:
-            raise unavailable("empty")
-        return Completion(
-            text=text, tool_calls=calls, finish_reason=finish, usage=usage, model=model
-        )
+    async def _one_shot_call(self, client: AsyncOpenAI, req: Request) -> Completion:
+        return await one_shot(self._oa(), client, req)

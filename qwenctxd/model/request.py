@@ -72,8 +72,8 @@ FEATURES: Final[dict[str, Feature]] = {
         Feature("compress", 120.0, 20_000),
         Feature("project_summary", 60.0, 8_000),
         Feature("recap", 30.0, 300),
-        Feature("recall", 30.0, 512),
-        Feature("forget", 8.0, 512),
+        Feature("recall", 30.0, 256),  # a short JSON list of paths
+        Feature("forget", 8.0, 384),  # ids and one sentence of reasoning
         Feature("extract", 120.0, 4_096),
         Feature("dream", 300.0, 4_096),
         Feature("skill_review", 300.0, 4_096),

@@ -45,11 +45,18 @@ class RecalledDoc(msgspec.Struct, kw_only=True):
     score: float | None = None
 
 
+class RecallTier(msgspec.Struct, kw_only=True):
+    name: str  # lexical | semantic | selector
+    ms: float
+    status: Literal["ok", "late", "failed", "off"]
+
+
 class RecallResult(msgspec.Struct, kw_only=True):
     strategy: Literal["model", "heuristic", "none"]
     docs: list[RecalledDoc]
     prompt: str
     fell_back: str | None = None
+    tiers: list[RecallTier] = msgspec.field(default_factory=list)
 
 
 class ForgetCandidatesParams(Params):

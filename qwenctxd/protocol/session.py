@@ -20,6 +20,9 @@ class OpenParams(Params):
     cwd: str
     model: str
     window_tokens: int | None = None
+    # where window_tokens came from: "upstream" when the client (the proxy) learned it from the
+    # model server; anything else counts as the client's own choice
+    window_source: Literal["client", "upstream"] | None = None
     session_id: str | None = None
     resume: bool = False
     # the client's tool declarations (OpenAI "tools" entries); constant for the session, part
@@ -32,6 +35,9 @@ class OpenParams(Params):
     agent: AgentInfo | None = None
     # which reasoning fields returned messages keep (protocol C4)
     keep_reasoning: Literal["none", "current_turn", "all"] | None = None
+    # the OpenAI-compatible base URL the client's agent sends its requests to (the proxy's
+    # upstream): the daemon's side queries yield to this session's requests on that server
+    model_base_url: str | None = None
 
 
 class OpenResult(msgspec.Struct, kw_only=True):
@@ -41,6 +47,8 @@ class OpenResult(msgspec.Struct, kw_only=True):
     prompt_tokens: int
     window_tokens: int
     path: str
+    # client | upstream | config | settings | default (sessions/window.py has the precedence)
+    window_source: str = "default"
     torn_lines: list[int] = msgspec.field(default_factory=list)
     warnings: list[str] = msgspec.field(default_factory=list)
 
@@ -219,6 +227,7 @@ class ContextResult(msgspec.Struct, kw_only=True):
     parts: list[ContextPart]
     free_tokens: int
     free_pct: float
+    window_source: str = "default"
 
 
 # -- session.transcript (operations addition) ---------------------------------------------------

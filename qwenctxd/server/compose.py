@@ -31,6 +31,7 @@ from qwenctxd.events import EventBus
 from qwenctxd.instructions.service import InstructionsService
 from qwenctxd.memory.service import MemoryService
 from qwenctxd.model import ModelClient
+from qwenctxd.model.scheduler import EndpointScheduler
 from qwenctxd.project import ProjectRegistry
 from qwenctxd.server.background import Background
 from qwenctxd.sessions.manager import SessionManager
@@ -69,7 +70,7 @@ def build_services(config: ConfigStore, *, state: Path, bump: Callable[[str], No
     bus = EventBus()
     tasks = TaskRegistry()
     hub = WatchHub()
-    model = ModelClient(config.global_settings.endpoint())
+    model = ModelClient(config.global_settings.endpoint(), scheduler=EndpointScheduler())
     projects = ProjectRegistry(config, hub=hub, tasks=tasks)
 
     def the_model() -> ModelClient:

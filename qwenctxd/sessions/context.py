@@ -95,6 +95,7 @@ class ContextReport:
     parts: list[ContextPart]
     free_tokens: int
     free_pct: float
+    window_source: str = "default"
 
 
 def pct_of(tokens: int, window: int) -> float:
@@ -216,5 +217,5 @@ def context_report(s: Session, system: SystemPromptLike, tools: Sequence[dict[st
         session_id=s.id, window_tokens=window, prompt_tokens=total, anchored=anchored,
         thresholds=th, level=level(total, th),
         parts=[ContextPart(name=n, tokens=parts[n], pct=pct_of(parts[n], window)) for n in PARTS],
-        free_tokens=free, free_pct=pct_of(free, window),
+        free_tokens=free, free_pct=pct_of(free, window), window_source=s.options.window_source,
     )

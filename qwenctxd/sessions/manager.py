@@ -34,12 +34,12 @@ from qwenctxd.protocol import session as wire
 from qwenctxd.sessions import records, titles
 from qwenctxd.sessions.index import SessionIndex
 from qwenctxd.sessions.state import History, Session, SessionOptions
+from qwenctxd.sessions.window import session_window
 from qwenctxd.skills.listing import SKILL_NAME, SKILL_TOOL
 from qwenctxd.skills.service import SkillsService
 from qwenctxd.tasks import TaskRegistry
 
 log = structlog.get_logger("qwenctxd.sessions")
-DEFAULT_WINDOW = 131_072
 PROJECT_SUMMARY_NAME = "PROJECT_SUMMARY.md"
 FSYNC_INTERVAL_S = 1.0
 KEEP_REASONING = ("none", "current_turn", "all")
@@ -112,10 +112,12 @@ class SessionManager:
         if p.session_id and p.session_id in self.sessions:
             s = self.sessions[p.session_id]  # another client continues the same session
             self._opened_at[s.id] = time.time()
+            if p.model_base_url is not None:
+                s.model_base_url = p.model_base_url
             tokens = s.usage.prompt_tokens or s.estimate(0)[0]
             return wire.OpenResult(session_id=s.id, resumed=True, messages=len(s.history.messages),
                                    prompt_tokens=tokens, window_tokens=s.options.window_tokens,
-                                   path=str(s.path))
+                                   window_source=s.options.window_source, path=str(s.path))
         if p.session_id is not None:
             checked_id(p.session_id)
         settings = self.instructions.settings_for(cwd)
@@ -134,8 +136,7 @@ class SessionManager:
                 raise errors.SessionNotFound(f"no recorded session {session_id}",
                                              data={"session_id": session_id})
         saved = (state.options or {}) if state is not None else {}
-        window = (p.window_tokens or _int(saved.get("windowTokens"))
-                  or settings.model.generation_config.context_window_size or DEFAULT_WINDOW)
+        window, window_source = session_window(p.window_tokens, p.window_source, saved, settings)
         pct = (p.auto_compact_threshold or _float(saved.get("autoCompactThreshold"))
                or settings.context.auto_compact_threshold)
         env = dict(p.env or {})
@@ -147,20 +148,21 @@ class SessionManager:
         keep = keep if keep in KEEP_REASONING else "current_turn"
         tools = with_skill_tool(client_tools)
         opts = SessionOptions(
-            window_tokens=window, auto_compact_threshold=pct, tools=tools,
+            window_tokens=window, window_source=window_source, auto_compact_threshold=pct,
+            tools=tools,
             tool_roles=tool_roles.classify(tools), agent=agent, keep_reasoning=keep,
             own_skill=not any(tool_roles.tool_name(t) == SKILL_NAME for t in client_tools))
         s = Session(
             id=session_id, cwd=cwd, project_root=root, model=p.model, options=opts, env=env,
-            path=path,
+            path=path, model_base_url=p.model_base_url,
             # fsync happens in a background job (at most once a second), never on the turn path;
             # close() still fsyncs
             writer=records.JsonlWriter(path, fsync="interval", fsync_interval=float("inf")),
             history=History(image_tokens=int(self._environ.get("QWEN_IMAGE_TOKEN_ESTIMATE", 0))
                             or settings.model.chat_compression.image_token_estimate),
         )
-        options = {"windowTokens": window, "tools": client_tools, "agent": agent,
-                   "keepReasoning": keep, "autoCompactThreshold": pct}
+        options = {"windowTokens": window, "windowSource": window_source, "tools": client_tools,
+                   "agent": agent, "keepReasoning": keep, "autoCompactThreshold": pct}
         if options != saved:
             self.record(s, {}, subtype=records.SUBTYPE_OPTIONS, payload=options)
         warnings: list[str] = []
@@ -197,7 +199,8 @@ class SessionManager:
         log.info("session opened", session=session_id, resumed=resumed, messages=len(s.history.messages),
                  torn=len(torn))
         return wire.OpenResult(session_id=session_id, resumed=resumed, messages=len(s.history.messages),
-                               prompt_tokens=tokens, window_tokens=window, path=str(path),
+                               prompt_tokens=tokens, window_tokens=window,
+                               window_source=window_source, path=str(path),
                                torn_lines=torn, warnings=warnings)
 
     async def system_prompt(self, s: Session) -> Any:
@@ -321,11 +324,25 @@ class SessionManager:
         s = self.get(session_id)
         if s.deliveries.prefetch is not None:
             self.tasks.cancel(s.deliveries.prefetch)
+        self.end_foreground(s)
         async with s.lock:
             s.writer.close()
             self.sessions.pop(session_id, None)
             self._opened_at.pop(session_id, None)
         await self._index_upsert(s)
+
+    # -- foreground marks (model/scheduler.py) --------------------------------------------------
+    def begin_foreground(self, s: Session) -> None:
+        """``s``'s agent is about to send the prompt just assembled to its model server."""
+        sched = self.model.scheduler
+        if sched is not None and s.model_base_url:
+            sched.begin_foreground(s.model_base_url, s.id)
+
+    def end_foreground(self, s: Session) -> None:
+        """``s``'s agent has its answer (or gave up)."""
+        sched = self.model.scheduler
+        if sched is not None:
+            sched.end_foreground(s.id)
 
     # -- idle close ---------------------------------------------------------------------------
     def idle_for(self, s: Session, now: float) -> float:

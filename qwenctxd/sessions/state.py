@@ -209,6 +209,7 @@ class SessionOptions:
     agent: dict[str, Any] | None = None
     keep_reasoning: str = "current_turn"
     own_skill: bool = True
+    window_source: str = "default"  # sessions/window.py: client|upstream|settings|config|default
 
 
 @dataclass
@@ -241,6 +242,12 @@ class Deliveries:
     skills_used: set[str] = field(default_factory=set)
     prefetch: Any = None
     prefetch_delivered: bool = True
+    #: the running prefetch's lexical answer ({"outcome": RecallOutcome}), delivered when the
+    #: selector misses the user turn's grace; the selector's later picks follow on a later turn
+    prefetch_early: dict[str, Any] = field(default_factory=dict)
+    #: memory docs a finished prefetch chose that no turn delivered yet (the next user turn
+    #: carries them)
+    carried: list[Any] = field(default_factory=list)
     surfaced: set[str] = field(default_factory=set)
 
 
@@ -326,6 +333,9 @@ class Session:
     last_flush: float = 0.0  # monotonic time of the last transcript fsync job
     deliveries: Deliveries = field(default_factory=Deliveries)
     turn: TurnState = field(default_factory=TurnState)
+    #: the model server this session's agent talks to (``session.open`` ``model_base_url``;
+    #: the proxy's upstream): its requests are foreground there (model/scheduler.py)
+    model_base_url: str | None = None
 
     # -- changes that touch several parts ------------------------------------------------------
     def append(self, msg: Message) -> None:

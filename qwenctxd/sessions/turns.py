@@ -22,6 +22,8 @@ import structlog
 from qwenctxd.compaction.summary import join_content
 from qwenctxd.compaction.thresholds import context_left_pct, level
 from qwenctxd.instructions.rules import relative_to_root, rule_reminder
+from qwenctxd.memory.render import render as render_memories
+from qwenctxd.model.scheduler import endpoint_key, is_loopback
 from qwenctxd.protocol import errors
 from qwenctxd.protocol import session as wire
 from qwenctxd.protocol import turn_events as ev
@@ -87,8 +89,10 @@ class TurnPipeline:
             sys_tok = system_tokens(sp.text, s.options.tools)
             await self.compaction.maybe_micro(s, events, sys_tok)
             await self.compaction.maybe_compress(s, events, sys_tok)
-            return self._assemble(s, sp.text, sp.prefix_hash, sys_tok, reminders, events,
-                                  known=p.known)
+            prompt = self._assemble(s, sp.text, sp.prefix_hash, sys_tok, reminders, events,
+                                    known=p.known)
+            self.m.begin_foreground(s)  # the agent's request goes out now: side queries yield
+            return prompt
 
     def _incoming(self, s: Session, p: wire.TurnParams, events: Events
                   ) -> list[dict[str, Any]]:
@@ -190,37 +194,75 @@ class TurnPipeline:
     def _start_prefetch(self, s: Session, query: str, active_tools: list[str]) -> None:
         memory = self.m.memory
         tasks = self.m.tasks
-        if s.deliveries.prefetch is not None:
-            tasks.cancel(s.deliveries.prefetch)  # a newer user turn supersedes the old recall
-            s.deliveries.prefetch = None
+        d = s.deliveries
+        if d.prefetch is not None:
+            old = d.prefetch
+            if not d.prefetch_delivered and old.outcome is not None and old.result is not None \
+                    and old.outcome.value == "completed":
+                d.carried = [doc for doc in old.result.docs if str(doc.path) not in d.surfaced]
+            tasks.cancel(old)  # a newer user turn supersedes the old recall
+            d.prefetch = None
         if memory is None or not tasks.accepting or not memory.enabled(s.project_root):
             return
-        exclude = sorted(s.deliveries.surfaced)
+        exclude = sorted(d.surfaced)
+        early: dict[str, Any] = {}
+        use_selector = self._selector_on(s)
 
         async def recall() -> Any:
-            return await memory.recall(s.cwd, query, active_tools=active_tools, exclude=exclude)
+            return await memory.recall(s.cwd, query, active_tools=active_tools, exclude=exclude,
+                                       use_selector=use_selector,
+                                       on_lexical=lambda o: early.__setitem__("outcome", o))
 
-        s.deliveries.prefetch = tasks.submit("recall", recall, project=str(s.project_root or s.cwd),
+        d.prefetch_early = early
+        d.prefetch = tasks.submit("recall", recall, project=str(s.project_root or s.cwd),
                                   description=f"memory recall for session {s.id[:8]}")
-        s.deliveries.prefetch_delivered = False
+        d.prefetch_delivered = False
+
+    def _selector_on(self, s: Session) -> bool:
+        """Whether this turn's recall asks the model selector: ``memory.recallSelector`` "on"
+        or "off"; "auto" (the default) is off when the side-query endpoint is the local server
+        the session's own agent talks to (one slot: the selector would only delay the user)."""
+        mode = self._settings(s).memory.recall_selector
+        if mode != "auto":
+            return mode == "on"
+        own = s.model_base_url
+        side = self.m.model.endpoint.base_url
+        return not (own and endpoint_key(own) == endpoint_key(side) and is_loopback(side))
 
     async def _take_prefetch(self, s: Session, *, wait: bool) -> wire.Reminder | None:
-        rec = s.deliveries.prefetch
-        if rec is None or s.deliveries.prefetch_delivered:
+        """The memory reminder of this turn: the best recall answer available by the user
+        turn's grace — the selector's when it is done, else the lexical tier's (never worse
+        with a model than without) — and on later turns what the selector chose beyond it."""
+        d = s.deliveries
+        rec = d.prefetch
+        docs: list[Any] = []
+        if wait and d.carried:
+            docs, d.carried = list(d.carried), []
+        if rec is not None and not d.prefetch_delivered:
+            if wait and rec.outcome is None:
+                grace = self._settings(s).memory.prefetch_grace_ms / 1000
+                with anyio.move_on_after(grace):
+                    await rec.done.wait()
+            if rec.outcome is None:
+                early = d.prefetch_early.get("outcome")
+                if wait and early is not None and not d.prefetch_early.get("delivered"):
+                    d.prefetch_early["delivered"] = True  # the selector, still out, refines later
+                    docs.extend(early.docs)
+            else:
+                d.prefetch_delivered = True
+                result = rec.result
+                if rec.outcome.value == "completed" and result is not None:
+                    docs.extend(result.docs)
+        fresh: list[Any] = []
+        for doc in docs:
+            key = str(doc.path)
+            if key not in d.surfaced:
+                d.surfaced.add(key)
+                fresh.append(doc)
+        if not fresh:
             return None
-        if wait and rec.outcome is None:
-            grace = self._settings(s).memory.prefetch_grace_ms / 1000
-            with anyio.move_on_after(grace):
-                await rec.done.wait()
-        if rec.outcome is None:
-            return None  # still running: the next tool-results turn takes it
-        s.deliveries.prefetch_delivered = True
-        result = rec.result
-        if rec.outcome.value != "completed" or result is None or not result.docs:
-            return None
-        s.deliveries.surfaced.update(str(d.path) for d in result.docs)
         return wire.Reminder(kind="memory",
-                             text=f"<system-reminder>\n{result.prompt}\n</system-reminder>")
+                             text=f"<system-reminder>\n{render_memories(fresh)}\n</system-reminder>")
 
     async def _skill_reminders(self, s: Session, touched: list[str]) -> list[wire.Reminder]:
         skills = self.m.skills
@@ -336,6 +378,7 @@ class TurnPipeline:
     # -- session.record_model ----------------------------------------------------------------------
     async def record_model(self, p: wire.RecordModelParams) -> wire.RecordModelResult:
         s = self.m.get(p.session_id)
+        self.m.end_foreground(s)
         async with s.lock:
             msg = dict(p.message)
             if msg.get("role") != "assistant":

@@ -103,6 +103,16 @@ def context_marks(thresholds: dict[str, int], window: int, width: int) -> str:
     return "".join(line).rstrip()
 
 
+#: where a session's window came from, in words (qwenctxd/sessions/window.py has the precedence)
+WINDOW_SOURCE_WORDS = {
+    "client": "the client",
+    "upstream": "the upstream model server",
+    "config": "[model] context_window",
+    "settings": "model.generationConfig.contextWindowSize",
+    "default": "the default",
+}
+
+
 def context_report(res: dict[str, Any], *, stream: TextIO | None = None,
                    width: int | None = None) -> None:
     """The ``session.context`` result: a one-line bar of the window split into its parts
@@ -119,7 +129,9 @@ def context_report(res: dict[str, Any], *, stream: TextIO | None = None,
     pct = f" ({100 * used / window:.1f}%)" if window else ""
     head = (f"context of session {str(res.get('session_id', ''))[:8]}: {used:,} / {window:,} "
             f"tokens{pct}, level {res.get('level', '?')}"
-            + (", API-anchored" if res.get("anchored") else ", estimated"))
+            + (", API-anchored" if res.get("anchored") else ", estimated")
+            + (f"; window from {WINDOW_SOURCE_WORDS.get(res['window_source'], res['window_source'])}"
+               if res.get("window_source") else ""))
     marks = context_marks(th, window, w)
     th_line = "thresholds: " + "  ".join(
         f"^{letter} {key} {int(th[key]):,}" + (f" ({100 * th[key] / window:.0f}%)" if window

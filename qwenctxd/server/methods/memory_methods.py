@@ -17,6 +17,10 @@ if TYPE_CHECKING:
     from qwenctxd.server.app import Daemon
     from qwenctxd.server.connection import Connection
 
+#: how long ``memory.recall`` (a person or an agent waiting on the answer) lets the model
+#: selector refine the lexical answer; later, the lexical answer stands (``tiers`` says "late")
+RECALL_SELECTOR_WAIT_S = 5.0
+
 
 def register(daemon: Daemon) -> None:
     service = daemon.memory
@@ -33,12 +37,14 @@ def register(daemon: Daemon) -> None:
 
     async def recall(ctx: Connection, p: wire.RecallParams) -> wire.RecallResult:
         cwd = checked_cwd(p.cwd)
-        out = await service.recall(cwd, p.query, active_tools=p.active_tools or [])
+        out = await service.recall(cwd, p.query, active_tools=p.active_tools or [],
+                                   selector_timeout_s=RECALL_SELECTOR_WAIT_S)
         return wire.RecallResult(
             strategy=out.strategy,  # type: ignore[arg-type]
             docs=[wire.RecalledDoc(path=str(d.path), scope=d.scope, type=d.type, name=d.name,
                                    score=out.scores.get(str(d.path))) for d in out.docs],
-            prompt=out.prompt, fell_back=out.fell_back)
+            prompt=out.prompt, fell_back=out.fell_back,
+            tiers=[wire.RecallTier(**t) for t in out.tiers])
 
     async def forget_candidates(ctx: Connection, p: wire.ForgetCandidatesParams
                                 ) -> wire.ForgetCandidatesResult:

@@ -61,7 +61,7 @@ def register(daemon: Daemon) -> None:
                                        hard=r.thresholds.hard),
             level=r.level,  # type: ignore[arg-type]
             parts=[wire.ContextPart(name=x.name, tokens=x.tokens, pct=x.pct) for x in r.parts],
-            free_tokens=r.free_tokens, free_pct=r.free_pct)
+            free_tokens=r.free_tokens, free_pct=r.free_pct, window_source=r.window_source)
 
     async def set_title(ctx: Connection, p: wire.SetTitleParams) -> wire.SetTitleResult:
         return await manager.set_title(p.session_id, p.title)
