@@ -2,7 +2,8 @@
 
 Every create, edit or delete a background agent makes is appended to
 ``$XDG_STATE_HOME/qwenctxd/audit.jsonl`` (time, agent, session, path, action, sha256 before and
-after) before the change is applied, and the previous content is kept in a bounded history
+after, and ``redacted: [{rule, count}]`` when secrets were replaced in what was written)
+before the change is applied, and the previous content is kept in a bounded history
 directory, so ``qwenctl memory log`` can show what happened and ``qwenctl memory undo ID`` can
 put it back. Undo itself is logged too.
 """
@@ -38,6 +39,7 @@ class AuditEntry(msgspec.Struct, kw_only=True, omit_defaults=True):
     sha256_after: str | None = None
     backup: str | None = None  # history file holding the previous content
     undoes: str | None = None
+    redacted: list[dict[str, Any]] | None = None  # [{rule, count}] replaced before the write
 
 
 def sha256(data: bytes | None) -> str | None:
@@ -92,8 +94,10 @@ class AuditLog:
             victim.unlink(missing_ok=True)
 
     def write_file(self, path: Path, text: str | bytes, *, agent: str,
-                   session: str | None) -> AuditEntry:
-        """Record, then atomically write ``text`` to ``path`` (create or edit)."""
+                   session: str | None, redacted: list[dict[str, Any]] | None = None
+                   ) -> AuditEntry:
+        """Record, then atomically write ``text`` to ``path`` (create or edit); ``redacted``
+        (``[{rule, count}]``) says which secrets the writer replaced in ``text``."""
         before = _read(path)
         payload = text.encode() if isinstance(text, str) else text
         entry_id = f"{int(time.time())}-{uuid.uuid4().hex[:8]}"
@@ -101,7 +105,8 @@ class AuditLog:
             id=entry_id, time=time.time(), agent=agent, session=session, path=str(path),
             action="create" if before is None else "edit", sha256_before=sha256(before),
             sha256_after=sha256(payload),
-            backup=self._backup(entry_id, before) if before is not None else None)
+            backup=self._backup(entry_id, before) if before is not None else None,
+            redacted=redacted or None)
         self._append(entry)
         atomic_write(path, payload)
         return entry

@@ -210,10 +210,12 @@ class _PlanCapturingAudit(AuditLog):
     def _is_plan(self, path: Path) -> bool:
         return Path(os.path.normpath(path)) == self._plan
 
-    def write_file(self, path: Path, text: str, *, agent: str, session: str | None
-                   ) -> AuditEntry:
+    def write_file(self, path: Path, text: str | bytes, *, agent: str, session: str | None,
+                   redacted: list[dict[str, Any]] | None = None) -> AuditEntry:
         if not self._is_plan(path):
-            return self._inner.write_file(path, text, agent=agent, session=session)
+            return self._inner.write_file(path, text, agent=agent, session=session,
+                                          redacted=redacted)
+        text = text.decode() if isinstance(text, bytes) else text
         action = "create" if self.plan_text is None else "edit"
         self.plan_text = text
         return AuditEntry(id="dream-plan", time=time.time(), agent=agent, session=session,

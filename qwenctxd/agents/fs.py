@@ -8,6 +8,8 @@ scope (:class:`~qwenctxd.agents.permissions.MemoryWriteScope`) and the audit log
 by the one rule in :mod:`qwenctxd.agents.containment`. Reads are not confined (an agent may
 read its memory directories and transcripts, which live outside the project); every read opens
 regular files only (:func:`~qwenctxd.fsutil.open_regular`: a FIFO never blocks a tool).
+The real tree's writes are redacted first (:func:`~qwenctxd.memory.secrets.vet_document`):
+no secret an agent pasted reaches a memory file.
 
 Methods are synchronous; the tools run them in worker threads.
 """
@@ -27,6 +29,8 @@ from qwenctxd.agents.containment import is_within, real_location
 from qwenctxd.agents.overlay import OverlayFS
 from qwenctxd.agents.permissions import MemoryWriteScope
 from qwenctxd.fsutil import read_regular
+from qwenctxd.memory.secrets import vet_document
+from qwenctxd.secrets import COUNTERS
 
 __all__ = ["GLOB_FLAGS", "MAX_GLOB_RESULTS", "SKIP_DIRS", "AgentFS", "OverlayTreeFS",
            "RealTreeFS"]
@@ -72,6 +76,10 @@ class AgentFS(ABC):
 
     def unseen_by_shell(self) -> list[Path]:
         """Changes a shell command in the real ``cwd`` cannot see (none in the real tree)."""
+        return []
+
+    def redactions(self, path: Path) -> list[dict[str, object]]:
+        """``[{rule, count}]``: the secrets the last write of ``path`` had replaced."""
         return []
 
     def roll_back(self) -> list[str]:
@@ -130,6 +138,7 @@ class RealTreeFS(AgentFS):
         self.cwd, self.scope, self.audit = Path(cwd), scope, audit
         self.agent, self.session = agent, session
         self._changes: list[AuditEntry] = []  # this run's audited writes and deletes, in order
+        self._redacted: dict[str, list[dict[str, object]]] = {}
 
     def locate(self, path: Path) -> Path:
         return path
@@ -148,10 +157,22 @@ class RealTreeFS(AgentFS):
         return None if verdict.allowed else f"Error: {verdict.reason}"
 
     def write_text(self, path: Path, text: str) -> bool:
-        entry = self.audit.write_file(_through_leaf_link(path), text, agent=self.agent,
-                                      session=self.session)
+        """Every secret in ``text`` is replaced by ``[redacted: <rule id>]`` first (the agent's
+        writes land in project or user memory, or a skill): the file never holds it."""
+        verdict = vet_document("agent", text)
+        redacted = list(verdict.redacted)
+        entry = self.audit.write_file(_through_leaf_link(path), verdict.text, agent=self.agent,
+                                      session=self.session, redacted=redacted or None)
+        self._redacted[str(path)] = redacted
+        if redacted:
+            COUNTERS.add("redacted_writes", sum(int(str(r["count"])) for r in redacted))
+            log.info("agent write redacted", agent=self.agent, path=str(path),
+                     rules=[r["rule"] for r in redacted])
         self._changes.append(entry)
         return entry.action == "create"
+
+    def redactions(self, path: Path) -> list[dict[str, object]]:
+        return self._redacted.get(str(path), [])
 
     def delete(self, path: Path) -> None:
         refusal = self.write_refusal(path)

@@ -29,6 +29,7 @@ from qwenctxd.agents.fs import AgentFS, OverlayTreeFS, RealTreeFS
 from qwenctxd.agents.overlay import OverlayClosed, OverlayFS
 from qwenctxd.agents.permissions import MemoryWriteScope, shell_verdict
 from qwenctxd.fsutil import read_regular
+from qwenctxd.memory.secrets import redaction_note
 from qwenctxd.protocol.errors import PathOutsideProject
 
 log = structlog.get_logger("qwenctxd.agents.tools")
@@ -196,6 +197,15 @@ async def _write(ctx: ToolContext, path: Path, text: str) -> bool | str:
     return created
 
 
+def redaction_suffix(ctx: ToolContext, path: Path) -> str:
+    """What the tool result adds when the write had secrets replaced (else "")."""
+    redacted = ctx.fs.redactions(path)
+    if not redacted:
+        return ""
+    return (f"; redacted {redaction_note(redacted)} before writing: secrets are never stored "
+            "in memory, the file holds [redacted: <rule id>] in their place")
+
+
 async def write_file(ctx: ToolContext, args: dict[str, Any]) -> str:
     path = _abs(ctx, args.get("file_path"), "file_path")
     content = args.get("content")
@@ -207,7 +217,8 @@ async def write_file(ctx: ToolContext, args: dict[str, Any]) -> str:
     created = await _write(ctx, path, content)
     if isinstance(created, str):
         return created
-    return f"{'Created' if created else 'Wrote'} {path} ({len(content)} chars)"
+    return (f"{'Created' if created else 'Wrote'} {path} ({len(content)} chars)"
+            + redaction_suffix(ctx, path))
 
 
 def apply_edit(path: Path, text: str, old: str, new: str, replace_all: bool
@@ -240,7 +251,7 @@ async def edit(ctx: ToolContext, args: dict[str, Any]) -> str:
     if updated is None:
         return message
     written = await _write(ctx, path, updated)
-    return written if isinstance(written, str) else message
+    return written if isinstance(written, str) else message + redaction_suffix(ctx, path)
 
 
 def _clean_env() -> dict[str, str]:

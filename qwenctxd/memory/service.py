@@ -26,6 +26,7 @@ from qwenctxd.memory import forget_match, render, secrets, selector, store
 from qwenctxd.memory import paths as mpaths
 from qwenctxd.memory.index import rebuild_index
 from qwenctxd.memory.lexical import LexicalIndex
+from qwenctxd.memory.outbound import OUTBOUND
 from qwenctxd.memory.prompt import memory_section
 from qwenctxd.memory.tokenize import is_noise_query
 from qwenctxd.model import ModelClient
@@ -49,6 +50,18 @@ class RecallOutcome:
     prompt: str
     scores: dict[str, float] = field(default_factory=dict)
     fell_back: str | None = None
+
+
+@dataclass
+class CheckVerdict:
+    """``memory.check_write``'s answer (see :meth:`MemoryService.check_write_verdict`)."""
+
+    allowed: bool
+    scope: str | None
+    rules: list[secrets.SecretHit]
+    verdict: str
+    redacted: list[dict[str, object]] = field(default_factory=list)
+    reason: str | None = None
 
 
 @dataclass
@@ -246,7 +259,8 @@ class MemoryService:
         if not chosen:
             return RecallOutcome(strategy="none" if strategy == "heuristic" else strategy,
                                  docs=[], prompt="", scores=scores, fell_back=fell_back)
-        return RecallOutcome(strategy=strategy, docs=chosen, prompt=render.render(chosen),
+        prompt = render.render([OUTBOUND.doc(d) for d in chosen])  # redacted, escaped
+        return RecallOutcome(strategy=strategy, docs=chosen, prompt=prompt,
                              scores=scores, fell_back=fell_back)
 
     def hits(self, path: str) -> int:
@@ -295,7 +309,7 @@ class MemoryService:
                 text = read_regular(root / mpaths.INDEX_FILENAME).decode("utf-8", errors="replace")
             except OSError:
                 text = ""
-            indexes.append((scope, root, text))
+            indexes.append((scope, root, OUTBOUND.text(text)))  # redacted, escaped
         return memory_section(indexes)
 
     def prompt_stamp(self, project_root: Path | None, cwd: Path) -> tuple[Any, ...]:
@@ -315,6 +329,13 @@ class MemoryService:
     # -- writes ---------------------------------------------------------------------------------------
     def check_write(self, cwd: Path, path: Path, content: str) -> tuple[bool, str | None,
                                                                        list[secrets.SecretHit]]:
+        v = self.check_write_verdict(cwd, path, content)
+        return v.allowed, v.scope, v.rules
+
+    def check_write_verdict(self, cwd: Path, path: Path, content: str) -> CheckVerdict:
+        """What a write of ``content`` to ``path`` would become: ``allow``, ``redact``
+        (project/user memory) or ``refuse`` (team memory holding a secret, or a symlink that
+        takes the bytes out of the memory directory)."""
         roots = self.roots(cwd)
         scope = mpaths.scope_of(path, roots)
         team_root = roots.team or ((self._project_root(cwd) or cwd) / ".qwen" / "team-memory")
@@ -323,9 +344,15 @@ class MemoryService:
         is_team = mpaths.scope_of(path, team_roots) == "team"
         escaped = mpaths.escaped_scope(path, team_roots)
         if escaped is not None:  # names a memory dir, but a symlink takes the bytes elsewhere
-            return False, escaped, []
+            return CheckVerdict(False, escaped, [], "refuse",
+                                reason=f"{path} resolves outside the {escaped} memory")
         res = secrets.check_write(path, content, is_team_path=lambda _p: is_team)
-        return res.allowed, ("team" if is_team else scope), list(res.rules)
+        if is_team:
+            return CheckVerdict(res.allowed, "team", list(res.rules),
+                                "allow" if res.allowed else "refuse", reason=res.message)
+        verdict = secrets.vet_document(scope, content)
+        return CheckVerdict(True, scope, list(verdict.rules), verdict.action,
+                            redacted=list(verdict.redacted))
 
     async def landed(self, cwd: Path, change: dict[str, Any]) -> None:
         """A write made outside the watchers' path (``memory.save``): re-scan now and tell
@@ -343,8 +370,9 @@ class MemoryService:
         ids = {f"{d.scope}:{d.relative_path}": d for d in docs}
         model = self._model()
         if model.configured and ids:
-            summaries = [(cid, f"scope: {d.scope}\ntopic: {d.type}\nsummary: {d.name} — "
-                               f"{d.description}") for cid, d in ids.items()]
+            summaries = [(cid, OUTBOUND.text(f"scope: {d.scope}\ntopic: {d.type}\nsummary: "
+                                             f"{d.name} — {d.description}", escape=False))
+                         for cid, d in ids.items()]
             try:
                 chosen = await selector.select_for_forget(model, query, summaries, limit=limit)
                 if chosen:
