@@ -53,5 +53,5 @@ def test_symlinked_topic_dir_out_of_the_tree_is_refused(daemon: SpawnedDaemon) -
     r = daemon.call("memory.check_write", {"cwd": str(repo),
                                            "path": str(project / "user" / "me.md"),
                                            "content": "harmless"})
-    assert r == {"allowed": True, "scope": "project", "rules": []}
+    assert r == {"allowed": True, "scope": "project", "rules": [], "verdict": "allow"}
     assert not (outside / "x.md").exists() and daemon.proc.poll() is None

@@ -59,6 +59,7 @@ from qwenctxd.agents.tools import ToolContext
 from qwenctxd.fsutil import read_regular
 from qwenctxd.memory import store
 from qwenctxd.memory.index import rebuild_index
+from qwenctxd.memory.outbound import OUTBOUND
 from qwenctxd.memory.paths import INDEX_FILENAME, LOCK_FILENAME, MemoryRoots
 from qwenctxd.model import ModelClient
 from qwenctxd.paths import SESSION_FILE_RE, chats_dir
@@ -245,7 +246,7 @@ def parse_plan(text: str | None) -> list[str]:
 def _existing_listing(root: Path) -> str:
     docs = store.scan(root, "project").docs[:MAX_LISTED_FILES]
     lines = [f"- {d.path} — [{d.type}] {d.name}: {d.description}"[:400] for d in docs]
-    return "\n".join(lines) or "(none)"
+    return OUTBOUND.text("\n".join(lines), escape=False) or "(none)"  # redacted for the model
 
 
 def _validate_written(root: Path, written: list[str]) -> list[dict[str, str]]:

@@ -99,12 +99,13 @@ class RedactedRule(msgspec.Struct, kw_only=True):
 class CheckWriteResult(msgspec.Struct, kw_only=True, omit_defaults=True):
     """``verdict``: ``allow`` (written as is), ``redact`` (project/user memory: written with
     ``redacted`` secrets replaced) or ``refuse`` (team memory holding a secret, or a path a
-    symlink takes out of its memory directory: ``reason``)."""
+    symlink takes out of its memory directory: ``reason``); ``redacted`` and ``reason`` are
+    left out when empty."""
 
     allowed: bool
     scope: str | None
     rules: list[RuleHit]
-    verdict: Literal["allow", "redact", "refuse"] = "allow"
+    verdict: Literal["allow", "redact", "refuse"]
     redacted: list[RedactedRule] = msgspec.field(default_factory=list)
     reason: str | None = None
 

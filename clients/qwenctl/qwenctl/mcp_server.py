@@ -213,12 +213,18 @@ def build_server(link: "DaemonLink", cwd: str | None) -> Any:
         reference (where to find things). `name` is a short title (saving the same name again
         updates it), `description` one line, `body` the content. `scope`: project (default),
         user (every project), team (committed in the repository; refused if it holds a
-        secret)."""
+        secret). A secret in a project or user memory is replaced by `[redacted: <rule>]`
+        before the file is written; a second line then says which."""
         where = await project.resolve(ctx.session)
         saved = await daemon(methods.MEMORY_SAVE, {"cwd": where, "type": type, "name": name,
                                                    "description": description, "body": body,
                                                    "scope": scope})
-        return str(saved["path"])
+        redacted = saved.get("redacted") or []
+        if not redacted:
+            return str(saved["path"])
+        what = ", ".join(f"{r['rule']} ×{r['count']}" for r in redacted)
+        return (f"{saved['path']}\nRedacted before saving ({what}): secrets are never stored "
+                "in memory; the file holds [redacted: <rule>] in their place.")
 
     @server.tool(structured_output=False)  # text only: no duplicate {"result": …} copy
     async def forget_memory(query: str, ctx: Context, paths: list[str] | None = None) -> str:
