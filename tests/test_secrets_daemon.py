@@ -232,3 +232,11 @@ def test_hostile_extraction_agent_cannot_store_a_pasted_key(spawn, tmp_path: Pat
         assert {r["rule"] for r in by_path[str(creds)]["redacted"]} == {
             "aws-access-token", "aws-secret-access-key"}
         assert d.call("daemon.status")["secrets"]["redacted_writes"] == 4
+
+
+def test_instructions_add_memory_redacts_the_qwen_md_bullet(daemon: SpawnedDaemon) -> None:
+    repo = repo_in(daemon.home)
+    r = daemon.call("instructions.add_memory", {"cwd": str(repo), "scope": "project",
+                                                "text": f"the CI token is {KEY}"})
+    text = Path(r["path"]).read_text()
+    assert KEY not in text and "- the CI token is [redacted: github-pat]" in text

@@ -3,7 +3,8 @@
 Scope ``global`` writes ``~/.qwen/<first context filename>``; ``project`` writes the file of
 that name at the project root (the cwd when there is no root). The file and the section are
 created when missing; the write is atomic (temp file + rename) so an editor or a crash never
-sees half a file.
+sees half a file. A secret in the text is replaced by ``[redacted: <rule id>]`` first
+(:func:`qwenctxd.secrets.redact`): the QWEN.md memories ride in every system prompt.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from qwenctxd.fsutil import atomic_write, read_regular
+from qwenctxd.secrets import COUNTERS, redact
 
 SECTION_HEADER = "## Qwen Added Memories"
 
@@ -50,7 +52,9 @@ def insert_bullet(content: str, line: str) -> str:
 
 
 def add_memory(target: Path, text: str) -> Path:
-    line = bullet(text)
+    red = redact(text)
+    COUNTERS.add("redacted_writes", len(red.findings))
+    line = bullet(red.text)
     try:
         current = read_regular(target).decode("utf-8")
     except FileNotFoundError:

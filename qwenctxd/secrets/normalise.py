@@ -39,6 +39,8 @@ _TOKEN = r"A-Za-z0-9+/_=-"
 _JOIN = re.compile(rf"(?<=[{_TOKEN}])\r?\n[ \t]{{0,16}}(?=[{_TOKEN}])")
 _B64_RUN = re.compile(r"(?<![A-Za-z0-9+/_-])[A-Za-z0-9+/_-]{24,8192}+={0,2}")
 MIN_PRINTABLE = 0.9
+_HEX_RUN = re.compile(r"[0-9a-fA-F]{24,8192}")
+_TEXT_BYTES = bytes(range(0x20, 0x7F)) + b"\t\n\r" + bytes(range(0x80, 0x100))
 
 
 @dataclass
@@ -153,6 +155,8 @@ def base64_runs(text: str) -> list[tuple[int, int]]:
 
 def decode_base64(run: str) -> str | None:
     """The text a base64 / base64url run encodes, or None (binary, not base64)."""
+    if _HEX_RUN.fullmatch(run):
+        return None  # a digest or a SHA: hex decodes to binary
     data = run.rstrip("=")
     if "-" in data or "_" in data:
         data = data.replace("-", "+").replace("_", "/")
@@ -163,6 +167,8 @@ def decode_base64(run: str) -> str | None:
         raw = base64.b64decode(data, validate=True)
     except (binascii.Error, ValueError):
         return None
+    if len(raw.translate(None, _TEXT_BYTES)) > (1 - MIN_PRINTABLE) * len(raw) + 3:
+        return None  # control bytes: binary (an image, a hash), not text
     for cut in range(4):  # a joined line may have added a few bytes of garbage at the end
         try:
             out = raw[: len(raw) - cut].decode("utf-8")

@@ -82,8 +82,13 @@ def _segments(key: str) -> list[str]:
     return [s for s in _SEGMENTS.split(_CAMEL.sub("_", key).lower()) if s]
 
 
+_KEYWORD = re.compile(r"pass|pwd|secret|token|key|auth|credential", re.IGNORECASE)
+
+
 def key_kind(key: str) -> str | None:
     """``"password"``, ``"token"`` or None: what an assignment's key says its value is."""
+    if not _KEYWORD.search(key):
+        return None  # most keys ("name:", "Note:") never reach the segment test
     segs = _segments(key)
     if not segs:
         return None
