@@ -32,6 +32,7 @@ from typing import Any
 from bench.common import percentile, save
 from qwenctxd.secrets import redact
 from qwenctxd.testing.spawn import SpawnedDaemon
+from qwenctxd.testing.wait import until
 
 SIZES_KIB = (1, 16, 256)
 SCAN_RUNS = 5
@@ -98,11 +99,8 @@ def seed(d: SpawnedDaemon, repo: Path) -> None:
     (repo / ".qwen").mkdir(exist_ok=True)
     (repo / ".qwen" / "settings.json").write_text(
         json.dumps({"memory": {"prefetchGraceMs": 5000}}))
-    for _ in range(200):
-        if len(d.call("memory.list", {"cwd": str(repo)})["docs"]) >= N_DOCS:
-            return
-        time.sleep(0.05)  # bench only: waiting for the watcher's re-scan
-    raise RuntimeError("memories were not indexed")
+    until(lambda: len(d.call("memory.list", {"cwd": str(repo)})["docs"]) >= N_DOCS,
+          timeout=30, what="the memories to be indexed")
 
 
 def one_turn(c: Any, repo: Path) -> float:

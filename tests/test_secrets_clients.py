@@ -45,6 +45,19 @@ async def test_mcp_save_memory_redacts_and_says_so(daemon: SpawnedDaemon) -> Non
             assert "[redacted: github-pat]" in recalled and KEY not in recalled
             entry = daemon.call("memory.log", {"limit": 1})["entries"][-1]
             assert entry["path"] == str(path) and entry["redacted"]
+            # a hand-written key in a memory file: not in its resource, nor the listing
+            hand = path.parent / "hand.md"
+            await anyio.Path(hand).write_text(
+                f"---\nname: Hand {KEY}\ndescription: by hand {KEY}\ntype: reference\n---\n"
+                f"The key is {KEY}.\n")
+            until(lambda: any(d["path"] == str(hand) for d in daemon.call(
+                "memory.list", {"cwd": str(repo)})["docs"]), what="the hand-written memory")
+            listed = await s.list_resources()
+            assert KEY not in listed.model_dump_json()
+            uri = next(str(r.uri) for r in listed.resources if str(r.uri).endswith("hand.md"))
+            read = await s.read_resource(uri)  # type: ignore[arg-type]
+            assert KEY not in read.model_dump_json()
+            assert "[redacted: github-pat]" in read.model_dump_json()
 
 
 def test_proxy_upstream_request_carries_no_hand_written_key(setup) -> None:  # type: ignore[no-untyped-def]

@@ -170,6 +170,9 @@ def build_server(link: "DaemonLink", cwd: str | None) -> Any:
                                    data={"uri": uri})
                 try:  # a path the daemon listed for this project, not one the client chose
                     text = await anyio.Path(match["path"]).read_text(encoding="utf-8")
+                    from qwenctxd.secrets import redact  # lazy: qwenctl's start-up stays lean
+
+                    text = redact(text).text  # a hand-written key never leaves in a resource
                 except OSError as exc:
                     raise MCPError(code=INVALID_PARAMS, message=f"{uri}: {exc.strerror}",
                                    data={"uri": uri}) from None

@@ -27,8 +27,10 @@ def register(daemon: Daemon) -> None:
         docs = await service.list(cwd, p.scope)
         proj = await service.project(cwd)
         return wire.ListResult(
-            docs=[wire.DocInfo(path=str(d.path), scope=d.scope, type=d.type, name=d.name,
-                               description=d.description, age=render.age_in_words(d.mtime),
+            docs=[wire.DocInfo(path=str(d.path), scope=d.scope, type=d.type,
+                               name=OUTBOUND.text(d.name, escape=False),
+                               description=OUTBOUND.text(d.description, escape=False),
+                               age=render.age_in_words(d.mtime),
                                hits=service.hits(str(d.path))) for d in docs],
             problems=[{"path": str(pp), "message": m} for pp, m in proj.problems])
 
