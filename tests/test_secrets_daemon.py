@@ -192,6 +192,10 @@ def test_hostile_extraction_agent_cannot_store_a_pasted_key(spawn, tmp_path: Pat
         creds = project / "project" / "creds.md"
         edited = user / "user" / "me.md"
         edited.write_text("---\nname: Me\ndescription: who I am\ntype: user\n---\nI am Bob.\n")
+        stripe = "sk" + "_live_" + "Zx81Qm27Lp40Wd93Kr56Tn"
+        by_hand = project / "reference" / "billing.md"
+        by_hand.write_text("---\nname: Billing\ndescription: billing key\ntype: reference\n"
+                           f"---\nThe billing key is {stripe}.\n")
         seen: list[dict[str, Any]] = []
 
         def handler(body: dict[str, Any]) -> Reply:
@@ -205,6 +209,7 @@ def test_hostile_extraction_agent_cannot_store_a_pasted_key(spawn, tmp_path: Pat
                         "---\nname: Build credentials\ndescription: aws keys " + AKIA + "\n"
                         "type: project\n---\n[default]\naws_access_key_id = " + AKIA + "\n"
                         "aws_secret_access_key = " + AWS_SECRET + "\n")),
+                    _call("r1", "read_file", file_path=str(by_hand)),
                     _call("e1", "edit", file_path=str(edited), old_string="I am Bob.",
                           new_string="I am Bob; my token is " + KEY[:20] + "\u200b" + KEY[20:])])
             return Reply(content="saved")
@@ -221,6 +226,8 @@ def test_hostile_extraction_agent_cannot_store_a_pasted_key(spawn, tmp_path: Pat
                    if m.get("role") == "tool"}
         assert results["w1"].startswith("Created") and "redacted 3 secrets" in results["w1"]
         assert "redacted 1 secret (github-pat" in results["e1"]
+        assert "[redacted: stripe-access-token]" in results["r1"]
+        assert stripe not in json.dumps(seen)  # the agent's model never read the key
         qwen = d.home / ".qwen"
         for needle in (AKIA, AWS_SECRET, KEY, KEY[20:]):
             assert files_holding(qwen, needle) == [], needle

@@ -7,6 +7,8 @@ run_shell_command runs only commands the AST classifier proves read-only, in the
 directory, with a timeout and an output cap (over an overlay it says which changes the shell
 cannot see). Every result is capped so one tool call cannot flood the agent's context. A
 refusal is returned as the tool result — the model sees why, and the call never happens.
+What the reading tools return passes the secret scanner: a key in a file the agent reads
+reaches its model as ``[redacted: <rule id>]``.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from qwenctxd.agents.permissions import MemoryWriteScope, shell_verdict
 from qwenctxd.fsutil import read_regular
 from qwenctxd.memory.secrets import redaction_note
 from qwenctxd.protocol.errors import PathOutsideProject
+from qwenctxd.secrets import COUNTERS, redact
 
 log = structlog.get_logger("qwenctxd.agents.tools")
 MAX_RESULT_CHARS = 16_000
@@ -297,6 +300,7 @@ async def run_shell_command(ctx: ToolContext, args: dict[str, Any]) -> str:
     return cap(note + result)
 
 
+READ_TOOLS = frozenset({"read_file", "grep_search", "run_shell_command"})
 TOOLS: dict[str, Tool] = {
     "read_file": read_file,
     "list_directory": list_directory,
@@ -318,7 +322,12 @@ async def call_tool(ctx: ToolContext, name: str, raw_args: str | dict[str, Any])
         args = json.loads(raw_args) if isinstance(raw_args, str) else dict(raw_args)
         if not isinstance(args, dict):
             raise ValueError("arguments must be a JSON object")
-        return cap(await tool(ctx, args))
+        result = cap(await tool(ctx, args))
+        if name in READ_TOOLS:  # what the agent's model reads of a file: never a secret
+            red = redact(result)
+            COUNTERS.add("redacted_out", len(red.findings))
+            result = red.text
+        return result
     except PathOutsideProject as exc:
         return f"Error: write refused: {exc.message}"
     except OverlayClosed:
