@@ -8,7 +8,8 @@ views of it, built in this order:
    removed, every other non-ASCII character replaced by its NFKC form (fullwidth ``ｇｈｐ＿``
    becomes ``ghp_``);
 3. :func:`join_lines` — a line break (and the indentation after it) between two token
-   characters removed, so a key split over two lines is whole again.
+   characters removed when the token run across it looks like part of a key (a digit or one
+   of ``_+/=`` in it, or 16+ characters not all lower case), so a key split over two lines is whole again and prose is left alone.
 
 :func:`base64_runs` finds base64 (and base64url) runs of at least 24 characters in a view and
 :func:`decode_base64` turns one into text when it decodes to printable UTF-8 (image data, a
@@ -135,10 +136,29 @@ def clean(view: View) -> View:
     return _build(view, pieces)
 
 
+_LEFT_RUN = re.compile(rf"[{_TOKEN}]{{1,64}}$")
+_RIGHT_RUN = re.compile(rf"[{_TOKEN}]{{1,64}}")
+_KEYISH = re.compile(r"[0-9_+/=]")
+
+
+def _keyish_join(text: str, start: int, end: int) -> bool:
+    """A break inside something key-like: the token run across it holds a digit or one of
+    ``_+/=``, or is 16+ characters and not all lower case (prose — "see the\nnext line" —
+    is neither, and stays unjoined)."""
+    left = _LEFT_RUN.search(text, max(0, start - 64), start)
+    right = _RIGHT_RUN.match(text, end)
+    if not left or not right:
+        return False
+    run = left.group() + right.group()
+    return bool(_KEYISH.search(run)) or (len(run) >= 16 and not run.islower())
+
+
 def join_lines(view: View) -> View:
     if "\n" not in view.text:
         return view
-    return _build(view, [(m.start(), m.end(), "") for m in _JOIN.finditer(view.text)])
+    text = view.text
+    return _build(view, [(m.start(), m.end(), "") for m in _JOIN.finditer(text)
+                         if _keyish_join(text, m.start(), m.end())])
 
 
 def views(text: str) -> list[View]:
@@ -149,8 +169,9 @@ def views(text: str) -> list[View]:
     return [base] if joined is base else [base, joined]
 
 
-def base64_runs(text: str) -> list[tuple[int, int]]:
-    return [m.span() for m in _B64_RUN.finditer(text)]
+def base64_runs(text: str, pos: int = 0, endpos: int | None = None) -> list[tuple[int, int]]:
+    end = len(text) if endpos is None else endpos
+    return [m.span() for m in _B64_RUN.finditer(text, pos, end)]
 
 
 def decode_base64(run: str) -> str | None:

@@ -26,6 +26,7 @@ __all__ = ["Finding", "Redaction", "marker", "redact", "scan"]
 
 MAX_DEPTH = 2
 AWS_CONTEXT_CHARS = 256
+JOIN_WINDOW = 1100  # > the longest bounded token a join can complete (PEMs: the base view)
 _AWS_SECRET = re.compile(r"(?<![A-Za-z0-9/+])[A-Za-z0-9/+]{40}(?![A-Za-z0-9/+=])")
 _PRIORITY = {rule.id: i for i, rule in enumerate(RULES)}
 _PRIORITY["aws-secret-access-key"] = _PRIORITY["aws-access-token"]
@@ -83,13 +84,27 @@ def _aws_secret(text: str, start: int, end: int) -> list[tuple[int, int]]:
     return out
 
 
-def _scan_view(view: View, depth: int, out: list[Finding]) -> None:
+def _windows(view: View) -> list[tuple[int, int]]:
+    """Where the joined view differs from the base view: around each join, merged."""
+    out: list[tuple[int, int]] = []
+    for p in view.out:
+        lo, hi = max(0, p - JOIN_WINDOW), min(len(view.text), p + JOIN_WINDOW)
+        if out and lo <= out[-1][1]:
+            out[-1] = (out[-1][0], hi)
+        else:
+            out.append((lo, hi))
+    return out
+
+
+def _scan_view(view: View, depth: int, out: list[Finding],
+               windows: list[tuple[int, int]] | None = None) -> None:
     text = view.text
-    low = text.lower()
+    spans = windows if windows is not None else [(0, len(text))]
+    low = text.lower() if windows is None else " ".join(text[a:b].lower() for a, b in spans)
     for rule in RULES:
         if rule.needle is not None and rule.needle not in low:
             continue
-        for m in rule.pattern.finditer(text):
+        for m in (m for a, b in spans for m in rule.pattern.finditer(text, a, b)):
             rule_id = rule.id
             if rule.check is not None:
                 verdict = rule.check(m)
@@ -108,7 +123,7 @@ def _scan_view(view: View, depth: int, out: list[Finding]) -> None:
                     out.append(Finding(a, b, "aws-secret-access-key"))
     if depth >= MAX_DEPTH:
         return
-    for s, e in base64_runs(text):
+    for s, e in (r for a, b in spans for r in base64_runs(text, a, b)):
         decoded = decode_base64(text[s:e])
         if decoded is None:
             continue
@@ -121,8 +136,10 @@ def _scan_view(view: View, depth: int, out: list[Finding]) -> None:
 
 def _scan_text(text: str, depth: int) -> list[Finding]:
     found: list[Finding] = []
-    for view in views(text):
-        _scan_view(view, depth, found)
+    base, *joined = views(text)
+    _scan_view(base, depth, found)
+    for view in joined:  # the same text except near each join: scan only there
+        _scan_view(view, depth, found, _windows(view))
     return _merge(found)
 
 
