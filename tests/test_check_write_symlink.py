@@ -32,6 +32,7 @@ def test_symlinked_topic_dir_out_of_the_tree_is_refused(daemon: SpawnedDaemon) -
     r = daemon.call("memory.check_write", {"cwd": str(repo),
                                            "path": str(project / "project" / "x.md"),
                                            "content": "harmless"})
+    assert r.pop("verdict") == "refuse" and "resolves outside" in r.pop("reason")
     assert r == {"allowed": False, "scope": "project", "rules": []}
     # a leaf symlink out of the user tree, too
     (user / "feedback").mkdir(parents=True, exist_ok=True)
@@ -39,6 +40,7 @@ def test_symlinked_topic_dir_out_of_the_tree_is_refused(daemon: SpawnedDaemon) -
     r = daemon.call("memory.check_write", {"cwd": str(repo),
                                            "path": str(user / "feedback" / "y.md"),
                                            "content": "harmless"})
+    assert r.pop("verdict") == "refuse" and "resolves outside" in r.pop("reason")
     assert r == {"allowed": False, "scope": "user", "rules": []}
     # honest paths inside the tree stay allowed, and so does a path outside every root
     for ok_path in (project / "feedback" / "z.md", user / "user" / "me.md", repo / "notes.md"):
@@ -51,5 +53,5 @@ def test_symlinked_topic_dir_out_of_the_tree_is_refused(daemon: SpawnedDaemon) -
     r = daemon.call("memory.check_write", {"cwd": str(repo),
                                            "path": str(project / "user" / "me.md"),
                                            "content": "harmless"})
-    assert r == {"allowed": True, "scope": "project", "rules": []}
+    assert r == {"allowed": True, "scope": "project", "rules": [], "verdict": "allow"}
     assert not (outside / "x.md").exists() and daemon.proc.poll() is None

@@ -14,7 +14,10 @@ CLIENTS = ROOT / "clients"
 PACKAGE = ROOT / "qwenctxd"
 CLIENT_API = ("qwenctxd.client", "qwenctxd.protocol", "qwenctxd.paths",
               # a leaf helper below every subsystem (atomic writes), no daemon state
-              "qwenctxd.fsutil")
+              "qwenctxd.fsutil",
+              # the secret scanner: a pure library (no daemon state), so a memory file the MCP
+              # server hands out as a resource is redacted like everything the daemon renders
+              "qwenctxd.secrets")
 # qwenctl proxy reads the same endpoint settings (URL, API key) the daemon reads, from the
 # user's own settings files: a local read of configuration, not a call into the daemon
 EXCEPTIONS = {("qwenctl/qwenctl/proxy/command.py", "qwenctxd.config")}

@@ -10,7 +10,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "qwenctxd"
 SUBSYSTEMS = ("instructions", "memory", "skills", "compaction", "agents")
-SHARED = ("protocol", "config", "watch", "tasks", "model", "store", "project")
+SHARED = ("protocol", "config", "watch", "tasks", "model", "store", "project", "secrets")
 
 
 def imported_modules(path: Path) -> set[str]:

@@ -186,8 +186,10 @@ def test_team_secret_guard_and_symlink_decoy(spawn) -> None:  # type: ignore[no-
     secret = "token ghp_" + "a1B2c3D4e5" * 3 + "a1B2c3"
     r = d.call("memory.check_write", {"cwd": str(repo), "path": str(team / "project" / "x.md"),
                                       "content": secret})
-    assert r == {"allowed": False, "scope": "team",
-                 "rules": [{"id": "github-pat", "label": r["rules"][0]["label"]}]}
+    assert r["verdict"] == "refuse" and "cannot be written to team memory" in r["reason"]
+    assert {k: r[k] for k in ("allowed", "scope", "rules")} == {
+        "allowed": False, "scope": "team",
+        "rules": [{"id": "github-pat", "label": r["rules"][0]["label"]}]}
     assert "ghp_" not in json.dumps(r)
     ok = d.call("memory.check_write", {"cwd": str(repo), "path": str(team / "project" / "x.md"),
                                        "content": "use the staging cluster for load tests"})

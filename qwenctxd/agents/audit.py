@@ -2,7 +2,8 @@
 
 Every create, edit or delete a background agent makes is appended to
 ``$XDG_STATE_HOME/qwenctxd/audit.jsonl`` (time, agent, session, path, action, sha256 before and
-after) before the change is applied, and the previous content is kept in a bounded history
+after, and ``redacted: [{rule, count}]`` when secrets were replaced in what was written)
+before the change is applied, and the previous content is kept in a bounded history
 directory, so ``qwenctl memory log`` can show what happened and ``qwenctl memory undo ID`` can
 put it back. Undo itself is logged too.
 """
@@ -44,6 +45,7 @@ class AuditEntry(msgspec.Struct, kw_only=True, omit_defaults=True):
     sha256_after: str | None = None
     backup: str | None = None  # history file holding the previous content
     undoes: str | None = None
+    redacted: list[dict[str, Any]] | None = None  # [{rule, count}] replaced before the write
 
 
 def sha256(data: bytes | None) -> str | None:
@@ -99,10 +101,12 @@ class AuditLog:
 
     def write_file(self, path: Path, text: str | bytes, *, agent: str,
                    session: str | None, mode: int = PRIVATE_FILE_MODE,
-                   dir_mode: int | None = PRIVATE_DIR_MODE) -> AuditEntry:
+                   dir_mode: int | None = PRIVATE_DIR_MODE,
+                   redacted: list[dict[str, Any]] | None = None) -> AuditEntry:
         """Record, then atomically write ``text`` to ``path`` (create or edit). A new file
         gets ``mode`` and missing folders ``dir_mode`` (memory: 0600/0700); an existing file
-        keeps its mode."""
+        keeps its mode. ``redacted`` (``[{rule, count}]``) says which secrets the writer
+        replaced in ``text``."""
         before = _read(path)
         payload = text.encode() if isinstance(text, str) else text
         entry_id = f"{int(time.time())}-{uuid.uuid4().hex[:8]}"
@@ -110,7 +114,8 @@ class AuditLog:
             id=entry_id, time=time.time(), agent=agent, session=session, path=str(path),
             action="create" if before is None else "edit", sha256_before=sha256(before),
             sha256_after=sha256(payload),
-            backup=self._backup(entry_id, before) if before is not None else None)
+            backup=self._backup(entry_id, before) if before is not None else None,
+            redacted=redacted or None)
         self._append(entry)
         atomic_write(path, payload, mode=mode, dir_mode=dir_mode)
         return entry

@@ -59,6 +59,7 @@ from qwenctxd.agents.tools import ToolContext
 from qwenctxd.fsutil import read_regular
 from qwenctxd.memory import store
 from qwenctxd.memory.index import rebuild_index
+from qwenctxd.memory.outbound import OUTBOUND
 from qwenctxd.memory.paths import INDEX_FILENAME, LOCK_FILENAME, MemoryRoots
 from qwenctxd.model import ModelClient
 from qwenctxd.paths import SESSION_FILE_RE, chats_dir
@@ -210,11 +211,13 @@ class _PlanCapturingAudit(AuditLog):
     def _is_plan(self, path: Path) -> bool:
         return Path(os.path.normpath(path)) == self._plan
 
-    def write_file(self, path: Path, text: str, *, agent: str, session: str | None,
-                   mode: int = 0o600, dir_mode: int | None = 0o700) -> AuditEntry:
+    def write_file(self, path: Path, text: str | bytes, *, agent: str, session: str | None,
+                   mode: int = 0o600, dir_mode: int | None = 0o700,
+                   redacted: list[dict[str, Any]] | None = None) -> AuditEntry:
         if not self._is_plan(path):
             return self._inner.write_file(path, text, agent=agent, session=session,
-                                          mode=mode, dir_mode=dir_mode)
+                                          mode=mode, dir_mode=dir_mode, redacted=redacted)
+        text = text.decode() if isinstance(text, bytes) else text
         action = "create" if self.plan_text is None else "edit"
         self.plan_text = text
         return AuditEntry(id="dream-plan", time=time.time(), agent=agent, session=session,
@@ -244,7 +247,7 @@ def parse_plan(text: str | None) -> list[str]:
 def _existing_listing(root: Path) -> str:
     docs = store.scan(root, "project").docs[:MAX_LISTED_FILES]
     lines = [f"- {d.path} — [{d.type}] {d.name}: {d.description}"[:400] for d in docs]
-    return "\n".join(lines) or "(none)"
+    return OUTBOUND.text("\n".join(lines), escape=False) or "(none)"  # redacted for the model
 
 
 def _validate_written(root: Path, written: list[str]) -> list[dict[str, str]]:

@@ -28,6 +28,7 @@ from qwenctxd.agents.runner import AgentOutcome, AgentSpec, run_agent
 from qwenctxd.agents.tools import ToolContext
 from qwenctxd.memory import store
 from qwenctxd.memory.index import rebuild_index
+from qwenctxd.memory.outbound import OUTBOUND
 from qwenctxd.memory.service import MemoryService
 from qwenctxd.model import ModelClient
 from qwenctxd.tasks import TaskRegistry
@@ -147,10 +148,10 @@ class Extractor:
                              roots.user, roots.team)
         ctx = ToolContext.real_tree(req.cwd, scope, self.audit, agent="extraction",
                                     session=req.session_id, read_scope=reads)
-        existing = "\n".join(
+        existing = OUTBOUND.text("\n".join(  # what the model sees of memory: redacted
             f"- [{d.name}]({d.relative_path}) — {d.description}\n  scope={d.scope} "
             f"topic={d.type} path={d.path}\n  current={' '.join(d.body.split())[:MAX_TOPIC_SUMMARY]}"
-            for d in proj.docs if d.scope in ("project", "user")) or "(none yet)"
+            for d in proj.docs if d.scope in ("project", "user")), escape=False) or "(none yet)"
         settings = self.memory._config.for_project(self.memory._project_root(req.cwd)) \
             if self.memory._project_root(req.cwd) else self.memory._config.global_settings
         minutes = settings.memory.agent_timeout_minutes

@@ -11,6 +11,8 @@ each filesystem carries a :class:`~qwenctxd.agents.permissions.ReadScope` (the r
 :mod:`qwenctxd.agents.credentials`); :meth:`AgentFS.read_refusal` is the one check the tools
 ask before they read, list, glob or grep, and a tree walk leaves refused files out. Every read
 opens regular files only (:func:`~qwenctxd.fsutil.open_regular`: a FIFO never blocks a tool).
+The real tree's writes are redacted first (:func:`~qwenctxd.memory.secrets.vet_document`):
+no secret an agent pasted reaches a memory file.
 
 Methods are synchronous; the tools run them in worker threads.
 """
@@ -30,6 +32,8 @@ from qwenctxd.agents.containment import is_within, real_location
 from qwenctxd.agents.overlay import OverlayFS
 from qwenctxd.agents.permissions import MemoryWriteScope, ReadScope
 from qwenctxd.fsutil import read_regular
+from qwenctxd.memory.secrets import vet_document
+from qwenctxd.secrets import COUNTERS
 
 __all__ = ["GLOB_FLAGS", "MAX_GLOB_RESULTS", "SKIP_DIRS", "AgentFS", "OverlayTreeFS",
            "RealTreeFS"]
@@ -81,6 +85,10 @@ class AgentFS(ABC):
 
     def unseen_by_shell(self) -> list[Path]:
         """Changes a shell command in the real ``cwd`` cannot see (none in the real tree)."""
+        return []
+
+    def redactions(self, path: Path) -> list[dict[str, object]]:
+        """``[{rule, count}]``: the secrets the last write of ``path`` had replaced."""
         return []
 
     def roll_back(self) -> list[str]:
@@ -141,6 +149,7 @@ class RealTreeFS(AgentFS):
             cwd, *scope.writable_roots)
         self.agent, self.session = agent, session
         self._changes: list[AuditEntry] = []  # this run's audited writes and deletes, in order
+        self._redacted: dict[str, list[dict[str, object]]] = {}
 
     def locate(self, path: Path) -> Path:
         return path
@@ -159,11 +168,23 @@ class RealTreeFS(AgentFS):
         return None if verdict.allowed else f"Error: {verdict.reason}"
 
     def write_text(self, path: Path, text: str) -> bool:
-        entry = self.audit.write_file(_through_leaf_link(path), text, agent=self.agent,
+        """Every secret in ``text`` is replaced by ``[redacted: <rule id>]`` first (the agent's
+        writes land in project or user memory, or a skill): the file never holds it."""
+        verdict = vet_document("agent", text)
+        redacted = list(verdict.redacted)
+        entry = self.audit.write_file(_through_leaf_link(path), verdict.text, agent=self.agent,
                                       session=self.session, mode=self.scope.file_mode,
-                                      dir_mode=self.scope.dir_mode)
+                                      dir_mode=self.scope.dir_mode, redacted=redacted or None)
+        self._redacted[str(path)] = redacted
+        if redacted:
+            COUNTERS.add("redacted_writes", sum(int(str(r["count"])) for r in redacted))
+            log.info("agent write redacted", agent=self.agent, path=str(path),
+                     rules=[r["rule"] for r in redacted])
         self._changes.append(entry)
         return entry.action == "create"
+
+    def redactions(self, path: Path) -> list[dict[str, object]]:
+        return self._redacted.get(str(path), [])
 
     def delete(self, path: Path) -> None:
         refusal = self.write_refusal(path)

@@ -10,6 +10,8 @@ pass the read scope (:mod:`qwenctxd.agents.shell_paths`), in the real working
 directory, with a timeout and an output cap (over an overlay it says which changes the shell
 cannot see). Every result is capped so one tool call cannot flood the agent's context. A
 refusal is returned as the tool result — the model sees why, and the call never happens.
+What the reading tools return passes the secret scanner: a key in a file the agent reads
+reaches its model as ``[redacted: <rule id>]``.
 """
 
 from __future__ import annotations
@@ -33,7 +35,9 @@ from qwenctxd.agents.overlay import OverlayClosed, OverlayFS
 from qwenctxd.agents.permissions import MemoryWriteScope, ReadScope, shell_verdict
 from qwenctxd.agents.shell_paths import shell_read_refusal
 from qwenctxd.fsutil import read_regular
+from qwenctxd.memory.secrets import redaction_note
 from qwenctxd.protocol.errors import PathOutsideProject
+from qwenctxd.secrets import COUNTERS, redact
 
 log = structlog.get_logger("qwenctxd.agents.tools")
 MAX_RESULT_CHARS = 16_000
@@ -217,6 +221,15 @@ async def _write(ctx: ToolContext, path: Path, text: str) -> bool | str:
     return created
 
 
+def redaction_suffix(ctx: ToolContext, path: Path) -> str:
+    """What the tool result adds when the write had secrets replaced (else "")."""
+    redacted = ctx.fs.redactions(path)
+    if not redacted:
+        return ""
+    return (f"; redacted {redaction_note(redacted)} before writing: secrets are never stored "
+            "in memory, the file holds [redacted: <rule id>] in their place")
+
+
 async def write_file(ctx: ToolContext, args: dict[str, Any]) -> str:
     path = _abs(ctx, args.get("file_path"), "file_path")
     content = args.get("content")
@@ -228,7 +241,8 @@ async def write_file(ctx: ToolContext, args: dict[str, Any]) -> str:
     created = await _write(ctx, path, content)
     if isinstance(created, str):
         return created
-    return f"{'Created' if created else 'Wrote'} {path} ({len(content)} chars)"
+    return (f"{'Created' if created else 'Wrote'} {path} ({len(content)} chars)"
+            + redaction_suffix(ctx, path))
 
 
 def apply_edit(path: Path, text: str, old: str, new: str, replace_all: bool
@@ -261,7 +275,7 @@ async def edit(ctx: ToolContext, args: dict[str, Any]) -> str:
     if updated is None:
         return message
     written = await _write(ctx, path, updated)
-    return written if isinstance(written, str) else message
+    return written if isinstance(written, str) else message + redaction_suffix(ctx, path)
 
 
 def _clean_env() -> dict[str, str]:
@@ -317,6 +331,7 @@ async def run_shell_command(ctx: ToolContext, args: dict[str, Any]) -> str:
     return cap(note + result)
 
 
+READ_TOOLS = frozenset({"read_file", "grep_search", "run_shell_command"})
 TOOLS: dict[str, Tool] = {
     "read_file": read_file,
     "list_directory": list_directory,
@@ -338,7 +353,12 @@ async def call_tool(ctx: ToolContext, name: str, raw_args: str | dict[str, Any])
         args = json.loads(raw_args) if isinstance(raw_args, str) else dict(raw_args)
         if not isinstance(args, dict):
             raise ValueError("arguments must be a JSON object")
-        return cap(await tool(ctx, args))
+        result = cap(await tool(ctx, args))
+        if name in READ_TOOLS:  # what the agent's model reads of a file: never a secret
+            red = redact(result)
+            COUNTERS.add("redacted_out", len(red.findings))
+            result = red.text
+        return result
     except PathOutsideProject as exc:
         return f"Error: write refused: {exc.message}"
     except OverlayClosed:

@@ -6,7 +6,9 @@ nearest directory from the cwd upwards that already holds that file or a ``.qwen
 (never ``/``, never above the home directory, never the global ``~/.qwen`` itself). A cwd in
 no project is refused (``NotInProject``) instead of leaving a QWEN.md in ``/tmp`` or ``/``. The
 file and the section are created when missing; the write is atomic (temp file + rename) so an
-editor or a crash never sees half a file.
+editor or a crash never sees half a file. A secret in the text is replaced by
+``[redacted: <rule id>]`` first (:func:`qwenctxd.secrets.redact`): the QWEN.md memories ride in
+every system prompt.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import os
 from pathlib import Path
 
 from qwenctxd.fsutil import atomic_write, read_regular
+from qwenctxd.secrets import COUNTERS, redact
 
 SECTION_HEADER = "## Qwen Added Memories"
 
@@ -84,7 +87,9 @@ def insert_bullet(content: str, line: str) -> str:
 
 
 def add_memory(target: Path, text: str) -> Path:
-    line = bullet(text)
+    red = redact(text)
+    COUNTERS.add("redacted_writes", len(red.findings))
+    line = bullet(red.text)
     try:
         current = read_regular(target).decode("utf-8")
     except FileNotFoundError:

@@ -2,8 +2,11 @@
 
 A save lands like any other memory write: the document is rendered as a topic file
 (frontmatter ``name`` / ``description`` / ``type`` + body) at ``<scope root>/<type>/<slug>.md``,
-vetted by the team secret guard when it goes to team memory (a hit raises
-:class:`~qwenctxd.protocol.errors.SecretDetected` naming rule ids only), refused when the
+vetted by the secret guard (:mod:`qwenctxd.memory.secrets`): into team memory a secret is
+refused (:class:`~qwenctxd.protocol.errors.SecretDetected` naming rule ids only), into project
+or user memory each secret in the name, description or body is replaced by
+``[redacted: <rule id>]`` before anything is written (the file name is the slug of the
+redacted name, and the outcome's ``redacted`` says ``[{rule, count}]``), refused when the
 target resolves outside its scope (a symlinked topic directory), written through the caller's
 ``write`` (the daemon passes the audit log's atomic, logged write), and followed by the scope's
 ``MEMORY.md`` rebuild and :meth:`MemoryService.landed` (re-scan + ``memory/changed``). A write
@@ -18,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import anyio
@@ -36,6 +39,7 @@ from qwenctxd.protocol.errors import (
     SecretDetected,
     client_path,
 )
+from qwenctxd.secrets import COUNTERS
 
 log = structlog.get_logger("qwenctxd.memory")
 
@@ -45,7 +49,7 @@ MAX_BODY_BYTES = 64 * 1024
 MAX_SLUG_CHARS = 80
 MAX_SLUG_BYTES = 160  # UTF-8: a file name is at most 255 bytes, and the temp name adds more
 
-Writer = Callable[[Path, str], None]
+Writer = Callable[[Path, str, list[dict[str, object]]], None]
 
 
 @dataclass(frozen=True)
@@ -54,6 +58,7 @@ class SaveOutcome:
     scope: str
     created: bool
     warnings: tuple[str, ...] = ()  # the memory is written; something after it was not
+    redacted: list[dict[str, object]] = field(default_factory=list)
 
 
 def slug(name: str) -> str:
@@ -105,15 +110,24 @@ async def save(service: MemoryService, cwd: Path, *, mem_type: str, name: str,
         raise _bad("scope", "team memory is off here (memory.enableTeamMemory, needs a git "
                             "repository)" if scope == "team" else "not available")
     await service.project(cwd)  # scaffolds the project and user roots
-    target = root / mem_type / f"{slug(name)}.md"
-    text = render_document(mem_type, name, description, body)
-    if scope == "team":
-        hits = secrets.scan(text)
-        if hits:
+    redacted: dict[str, int] = {}
+    fields = []
+    for value in (name, description, body):
+        verdict = secrets.vet_write(scope, value)
+        if verdict.action == "refuse":
+            hits = secrets.scan(render_document(mem_type, name, description, body))
+            COUNTERS.add("refused")
             raise SecretDetected(secrets.block_message(hits),
                                  data={"rules": [h.rule_id for h in hits]})
+        for r in verdict.redacted:
+            redacted[str(r["rule"])] = redacted.get(str(r["rule"]), 0) + int(str(r["count"]))
+        fields.append(verdict.text)
+    name, description, body = fields
+    summary: list[dict[str, object]] = [{"rule": r, "count": n} for r, n in redacted.items()]
+    target = root / mem_type / f"{slug(name)}.md"
+    text = render_document(mem_type, name, description, body)
 
-    def land() -> bool:
+    def land() -> tuple[bool, tuple[str, ...]]:
         if scope == "team":
             make_dirs(root / mem_type, PRIVATE_DIR_MODE)
             try:
@@ -125,7 +139,7 @@ async def save(service: MemoryService, cwd: Path, *, mem_type: str, name: str,
                                      data={"path": str(target)})
         created = not target.exists()
         with client_path("name"):  # the file name is the name's slug
-            write(target, text)
+            write(target, text, summary)
         # The memory is written: nothing after this point may report the save as failed.
         try:
             mindex.rebuild_index(root, scope)  # type: ignore[arg-type]
@@ -137,5 +151,7 @@ async def save(service: MemoryService, cwd: Path, *, mem_type: str, name: str,
         return created, ()
 
     created, warnings = await anyio.to_thread.run_sync(land)
+    COUNTERS.add("redacted_writes", sum(redacted.values()))
     await service.landed(cwd, {"saved": str(target), "scope": scope})
-    return SaveOutcome(path=target, scope=scope, created=created, warnings=warnings)
+    return SaveOutcome(path=target, scope=scope, created=created, warnings=warnings,
+                       redacted=summary)

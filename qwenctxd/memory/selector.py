@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+from qwenctxd.memory.outbound import OUTBOUND
 from qwenctxd.model import ModelClient
 from qwenctxd.protocol.errors import ModelUnavailable
 
@@ -73,7 +74,8 @@ def manifest(docs: Sequence[Header]) -> tuple[str, list[str]]:
     used = 0
     for d in docs:
         when = datetime.fromtimestamp(d.mtime, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        desc = " ".join(d.description.split())[:MAX_DESCRIPTION_CHARS]
+        desc = " ".join(OUTBOUND.text(d.description, escape=False).split()
+                        )[:MAX_DESCRIPTION_CHARS]
         line = f"- [{d.type}] {d.path} ({when}): {desc}"
         kws = [k[:64] for k in d.keywords[:3]]
         if kws:

@@ -34,6 +34,7 @@ from qwenctxd.memory import forget_match, render, secrets, selector, store
 from qwenctxd.memory import paths as mpaths
 from qwenctxd.memory.index import rebuild_index
 from qwenctxd.memory.lexical import LexicalIndex
+from qwenctxd.memory.outbound import OUTBOUND, render_outbound
 from qwenctxd.memory.prompt import memory_section
 from qwenctxd.memory.tokenize import is_noise_query
 from qwenctxd.model import ModelClient
@@ -59,6 +60,18 @@ class RecallOutcome:
     fell_back: str | None = None
     #: which tiers answered, in order: {name: lexical|selector, ms, status: ok|late|failed|off}
     tiers: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class CheckVerdict:
+    """``memory.check_write``'s answer (see :meth:`MemoryService.check_write_verdict`)."""
+
+    allowed: bool
+    scope: str | None
+    rules: list[secrets.SecretHit]
+    verdict: str
+    redacted: list[dict[str, object]] = field(default_factory=list)
+    reason: str | None = None
 
 
 @dataclass
@@ -283,7 +296,7 @@ class MemoryService:
             return RecallOutcome(strategy="none" if strategy == "heuristic" else strategy,
                                  docs=[], prompt="", scores=scores, fell_back=fell_back,
                                  tiers=tiers)
-        return RecallOutcome(strategy=strategy, docs=docs, prompt=render.render(docs),
+        return RecallOutcome(strategy=strategy, docs=docs, prompt=render_outbound(docs),
                              scores=scores, fell_back=fell_back, tiers=tiers)
 
     def _counted(self, proj: _Project, outcome: RecallOutcome) -> RecallOutcome:
@@ -340,7 +353,7 @@ class MemoryService:
                 text = read_regular(root / mpaths.INDEX_FILENAME).decode("utf-8", errors="replace")
             except OSError:
                 text = ""
-            indexes.append((scope, root, text))
+            indexes.append((scope, root, OUTBOUND.text(text)))  # redacted, escaped
         return memory_section(indexes)
 
     def prompt_stamp(self, project_root: Path | None, cwd: Path) -> tuple[Any, ...]:
@@ -360,6 +373,13 @@ class MemoryService:
     # -- writes ---------------------------------------------------------------------------------------
     def check_write(self, cwd: Path, path: Path, content: str) -> tuple[bool, str | None,
                                                                        list[secrets.SecretHit]]:
+        v = self.check_write_verdict(cwd, path, content)
+        return v.allowed, v.scope, v.rules
+
+    def check_write_verdict(self, cwd: Path, path: Path, content: str) -> CheckVerdict:
+        """What a write of ``content`` to ``path`` would become: ``allow``, ``redact``
+        (project/user memory) or ``refuse`` (team memory holding a secret, or a symlink that
+        takes the bytes out of the memory directory)."""
         roots = self.roots(cwd)
         scope = mpaths.scope_of(path, roots)
         team_root = roots.team or ((self._project_root(cwd) or cwd) / ".qwen" / "team-memory")
@@ -368,9 +388,15 @@ class MemoryService:
         is_team = mpaths.scope_of(path, team_roots) == "team"
         escaped = mpaths.escaped_scope(path, team_roots)
         if escaped is not None:  # names a memory dir, but a symlink takes the bytes elsewhere
-            return False, escaped, []
+            return CheckVerdict(False, escaped, [], "refuse",
+                                reason=f"{path} resolves outside the {escaped} memory")
         res = secrets.check_write(path, content, is_team_path=lambda _p: is_team)
-        return res.allowed, ("team" if is_team else scope), list(res.rules)
+        if is_team:
+            return CheckVerdict(res.allowed, "team", list(res.rules),
+                                "allow" if res.allowed else "refuse", reason=res.message)
+        verdict = secrets.vet_document(scope, content)
+        return CheckVerdict(True, scope, list(verdict.rules), verdict.action,
+                            redacted=list(verdict.redacted))
 
     async def landed(self, cwd: Path, change: dict[str, Any]) -> None:
         """A write made outside the watchers' path (``memory.save``): re-scan now and tell
@@ -388,8 +414,9 @@ class MemoryService:
         ids = {f"{d.scope}:{d.relative_path}": d for d in docs}
         model = self._model()
         if model.configured and ids:
-            summaries = [(cid, f"scope: {d.scope}\ntopic: {d.type}\nsummary: {d.name} — "
-                               f"{d.description}") for cid, d in ids.items()]
+            summaries = [(cid, OUTBOUND.text(f"scope: {d.scope}\ntopic: {d.type}\nsummary: "
+                                             f"{d.name} — {d.description}", escape=False))
+                         for cid, d in ids.items()]
             try:
                 chosen = await selector.select_for_forget(model, query, summaries, limit=limit)
                 if chosen:

@@ -125,6 +125,8 @@ class StatusResult(msgspec.Struct, kw_only=True):
     watch: WatchStatus | None = None
     counters: dict[str, int] = msgspec.field(default_factory=dict)
     log: LogStatus | None = None
+    # secrets replaced in memory writes / in memory text on its way out; team writes refused
+    secrets: dict[str, int] = msgspec.field(default_factory=dict)
 
 
 class CancelParams(msgspec.Struct, kw_only=True):

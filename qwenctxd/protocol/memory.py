@@ -96,10 +96,25 @@ class RuleHit(msgspec.Struct, kw_only=True):
     label: str
 
 
-class CheckWriteResult(msgspec.Struct, kw_only=True):
+class RedactedRule(msgspec.Struct, kw_only=True):
+    """How many secrets one rule replaced by ``[redacted: <rule>]`` in a memory write."""
+
+    rule: str
+    count: int
+
+
+class CheckWriteResult(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """``verdict``: ``allow`` (written as is), ``redact`` (project/user memory: written with
+    ``redacted`` secrets replaced) or ``refuse`` (team memory holding a secret, or a path a
+    symlink takes out of its memory directory: ``reason``); ``redacted`` and ``reason`` are
+    left out when empty."""
+
     allowed: bool
     scope: str | None
     rules: list[RuleHit]
+    verdict: Literal["allow", "redact", "refuse"]
+    redacted: list[RedactedRule] = msgspec.field(default_factory=list)
+    reason: str | None = None
 
 
 class StatusParams(Params):
@@ -184,3 +199,4 @@ class SaveResult(msgspec.Struct, kw_only=True):
     scope: str
     created: bool
     warnings: list[str] = msgspec.field(default_factory=list)  # written; the index was not
+    redacted: list[RedactedRule] = msgspec.field(default_factory=list)

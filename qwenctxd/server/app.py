@@ -31,6 +31,7 @@ from qwenctxd.config.schema import Settings
 from qwenctxd.paths import ensure_private_dir, pid_path, state_dir
 from qwenctxd.protocol import daemon as wire
 from qwenctxd.protocol import errors
+from qwenctxd.secrets import COUNTERS as secret_counters
 from qwenctxd.server import logging as daemon_logging
 from qwenctxd.server import systemd, transport
 from qwenctxd.server.compose import build_services
@@ -433,6 +434,7 @@ class Daemon:
             ),
             counters=dict(self.counters),
             log=wire.LogStatus(**daemon_logging.stats()),
+            secrets=secret_counters.snapshot(),
         )
         for contribute in self.status_contributors:
             contribute(st)

@@ -22,7 +22,7 @@ import structlog
 from qwenctxd.compaction.summary import join_content
 from qwenctxd.compaction.thresholds import context_left_pct, level
 from qwenctxd.instructions.rules import relative_to_root, rule_reminder
-from qwenctxd.memory.render import render as render_memories
+from qwenctxd.memory.outbound import render_outbound as render_memories
 from qwenctxd.model.scheduler import endpoint_key, is_loopback
 from qwenctxd.protocol import errors
 from qwenctxd.protocol import session as wire

@@ -12,9 +12,9 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from typing import Any
-from xml.sax.saxutils import escape
 
 from qwenctxd.skills.model import LEVELS, Skill, SkillSet
+from qwenctxd.tags import escape_in_tag
 
 DEFAULT_BUDGET_CHARS = 8000
 MAX_TRIMMED_DESCRIPTION = 200
@@ -108,11 +108,10 @@ def render_entry(skill: Skill, *, trimmed: bool = False) -> str:
         desc = skill.description
         if skill.when_to_use:
             desc = f"{desc} — {skill.when_to_use}"
-    quotes = {'"': "&quot;", "'": "&apos;"}
     return (
         "<skill>\n"
-        f"<name>\n{escape(skill.name, quotes)}\n</name>\n"
-        f"<description>\n{escape(desc, quotes)} ({skill.level})\n</description>\n"
+        f"<name>\n{escape_in_tag(skill.name, quotes=True)}\n</name>\n"
+        f"<description>\n{escape_in_tag(desc, quotes=True)} ({skill.level})\n</description>\n"
         f"<location>\n{skill.level}\n</location>\n"
         "</skill>"
     )

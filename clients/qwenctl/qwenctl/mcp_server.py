@@ -170,6 +170,9 @@ def build_server(link: "DaemonLink", cwd: str | None) -> Any:
                                    data={"uri": uri})
                 try:  # a path the daemon listed for this project, not one the client chose
                     text = await anyio.Path(match["path"]).read_text(encoding="utf-8")
+                    from qwenctxd.secrets import redact  # lazy: qwenctl's start-up stays lean
+
+                    text = redact(text).text  # a hand-written key never leaves in a resource
                 except OSError as exc:
                     raise MCPError(code=INVALID_PARAMS, message=f"{uri}: {exc.strerror}",
                                    data={"uri": uri}) from None
@@ -213,13 +216,20 @@ def build_server(link: "DaemonLink", cwd: str | None) -> Any:
         reference (where to find things). `name` is a short title (saving the same name again
         updates it), `description` one line, `body` the content. `scope`: project (default),
         user (every project), team (committed in the repository; refused if it holds a
-        secret)."""
+        secret). A secret in a project or user memory is replaced by `[redacted: <rule>]`
+        before the file is written; a second line then says which."""
         where = await project.resolve(ctx.session)
         saved = await daemon(methods.MEMORY_SAVE, {"cwd": where, "type": type, "name": name,
                                                    "description": description, "body": body,
                                                    "scope": scope})
-        notes = [f"warning: {w}" for w in saved.get("warnings") or []]
-        return "\n".join([str(saved["path"]), *notes])
+        lines = [str(saved["path"])]
+        redacted = saved.get("redacted") or []
+        if redacted:
+            what = ", ".join(f"{r['rule']} ×{r['count']}" for r in redacted)
+            lines.append(f"Redacted before saving ({what}): secrets are never stored in "
+                         "memory; the file holds [redacted: <rule>] in their place.")
+        lines.extend(f"warning: {w}" for w in saved.get("warnings") or [])
+        return "\n".join(lines)
 
     @server.tool(structured_output=False)  # text only: no duplicate {"result": …} copy
     async def forget_memory(query: str, ctx: Context, paths: list[str] | None = None) -> str:

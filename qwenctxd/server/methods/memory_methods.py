@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from qwenctxd.memory import render
+from qwenctxd.memory.outbound import OUTBOUND
 from qwenctxd.protocol import errors, methods
 from qwenctxd.protocol import memory as wire
 from qwenctxd.server.dispatch import bind
@@ -30,8 +31,10 @@ def register(daemon: Daemon) -> None:
         docs = await service.list(cwd, p.scope)
         proj = await service.project(cwd)
         return wire.ListResult(
-            docs=[wire.DocInfo(path=str(d.path), scope=d.scope, type=d.type, name=d.name,
-                               description=d.description, age=render.age_in_words(d.mtime),
+            docs=[wire.DocInfo(path=str(d.path), scope=d.scope, type=d.type,
+                               name=OUTBOUND.text(d.name, escape=False),
+                               description=OUTBOUND.text(d.description, escape=False),
+                               age=render.age_in_words(d.mtime),
                                hits=service.hits(str(d.path))) for d in docs],
             problems=[{"path": str(pp), "message": m} for pp, m in proj.problems])
 
@@ -41,7 +44,8 @@ def register(daemon: Daemon) -> None:
                                    selector_timeout_s=RECALL_SELECTOR_WAIT_S)
         return wire.RecallResult(
             strategy=out.strategy,  # type: ignore[arg-type]
-            docs=[wire.RecalledDoc(path=str(d.path), scope=d.scope, type=d.type, name=d.name,
+            docs=[wire.RecalledDoc(path=str(d.path), scope=d.scope, type=d.type,
+                                   name=OUTBOUND.text(d.name, escape=False),
                                    score=out.scores.get(str(d.path))) for d in out.docs],
             prompt=out.prompt, fell_back=out.fell_back,
             tiers=[wire.RecallTier(**t) for t in out.tiers])
@@ -54,7 +58,8 @@ def register(daemon: Daemon) -> None:
                                                                "message": "empty"})
         found = await service.forget_candidates(cwd, p.query, limit=max(1, min(p.limit, 50)))
         return wire.ForgetCandidatesResult(candidates=[
-            wire.Candidate(path=str(d.path), scope=d.scope, name=d.name, reason=why)
+            wire.Candidate(path=str(d.path), scope=d.scope,
+                           name=OUTBOUND.text(d.name, escape=False), reason=why)
             for d, why in found])
 
     async def forget(ctx: Connection, p: wire.ForgetParams) -> wire.ForgetResult:
@@ -66,24 +71,31 @@ def register(daemon: Daemon) -> None:
 
         cwd = checked_cwd(p.cwd)
 
-        def write(path: Path, text: str) -> None:
-            daemon.audit.write_file(path, text, agent="memory.save", session=None)
+        def write(path: Path, text: str, redacted: list[dict[str, object]]) -> None:
+            daemon.audit.write_file(path, text, agent="memory.save", session=None,
+                                    redacted=redacted or None)
 
         out = await save_memory(service, cwd, mem_type=p.type, name=p.name,
                                 description=p.description, body=p.body, scope=p.scope,
                                 write=write)
         return wire.SaveResult(path=str(out.path), scope=out.scope, created=out.created,
-                               warnings=list(out.warnings))
+                               warnings=list(out.warnings),
+                               redacted=[wire.RedactedRule(rule=str(r["rule"]),
+                                                           count=int(str(r["count"])))
+                                         for r in out.redacted])
 
     async def check_write(ctx: Connection, p: wire.CheckWriteParams) -> wire.CheckWriteResult:
         cwd = checked_cwd(p.cwd)
         if not os.path.isabs(p.path):
             raise errors.InvalidParams("path must be absolute",
                                        data={"field": "path", "message": "not absolute"})
-        allowed, scope, hits = service.check_write(cwd, Path(p.path), p.content)
-        return wire.CheckWriteResult(allowed=allowed, scope=scope,
-                                     rules=[wire.RuleHit(id=h.rule_id, label=h.label)
-                                            for h in hits])
+        v = service.check_write_verdict(cwd, Path(p.path), p.content)
+        return wire.CheckWriteResult(
+            allowed=v.allowed, scope=v.scope, verdict=v.verdict,  # type: ignore[arg-type]
+            rules=[wire.RuleHit(id=h.rule_id, label=h.label) for h in v.rules],
+            redacted=[wire.RedactedRule(rule=str(r["rule"]), count=int(str(r["count"])))
+                      for r in v.redacted],
+            reason=v.reason)
 
     async def status(ctx: Connection, p: wire.StatusParams) -> wire.StatusResult:
         cwd = checked_cwd(p.cwd)
