@@ -14,7 +14,9 @@ CLIENTS = ROOT / "clients"
 PACKAGE = ROOT / "qwenctxd"
 CLIENT_API = ("qwenctxd.client", "qwenctxd.protocol", "qwenctxd.paths",
               # a leaf helper below every subsystem (atomic writes), no daemon state
-              "qwenctxd.fsutil")
+              "qwenctxd.fsutil",
+              # the one token estimator (pure functions): the proxy sizes requests with it
+              "qwenctxd.tokens")
 # qwenctl proxy reads the same endpoint settings (URL, API key) the daemon reads, from the
 # user's own settings files: a local read of configuration, not a call into the daemon
 EXCEPTIONS = {("qwenctl/qwenctl/proxy/command.py", "qwenctxd.config")}
