@@ -17,7 +17,9 @@ CLIENT_API = ("qwenctxd.client", "qwenctxd.protocol", "qwenctxd.paths",
               "qwenctxd.fsutil",
               # the secret scanner: a pure library (no daemon state), so a memory file the MCP
               # server hands out as a resource is redacted like everything the daemon renders
-              "qwenctxd.secrets")
+              "qwenctxd.secrets",
+              # the one token estimator (pure functions): the proxy sizes requests with it
+              "qwenctxd.tokens")
 # qwenctl proxy reads the same endpoint settings (URL, API key) the daemon reads, from the
 # user's own settings files: a local read of configuration, not a call into the daemon
 EXCEPTIONS = {("qwenctl/qwenctl/proxy/command.py", "qwenctxd.config")}

@@ -177,6 +177,11 @@ def validate_payload(body: Any, *, context_window: int = DEFAULT_STUB_CONTEXT) -
             problems.append(f"messages[{i}]: assistant message without a content key")
     if body.get("tools") and body.get("tool_choice") is None:
         problems.append("tools sent without tool_choice")
+    for i, tool in enumerate(body.get("tools") or []):
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        if isinstance(fn, dict) and not isinstance(fn.get("parameters"), dict):
+            # llama.cpp's chat templates read function.parameters: HTTP 500 without it
+            problems.append(f"tools[{i}].function has no parameters object")
     limit = body.get("max_tokens", body.get("max_completion_tokens"))
     if limit is None:
         problems.append("max_tokens is missing")

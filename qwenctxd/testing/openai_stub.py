@@ -122,6 +122,7 @@ class ScriptedOpenAI:
         reject_json_schema: bool = False,
         strict_payload: bool | None = None,
         context_window: int = DEFAULT_STUB_CONTEXT,
+        props: bool = False,
     ) -> None:
         self.models: tuple[str, ...] = tuple(models)
         self.default = default
@@ -130,6 +131,8 @@ class ScriptedOpenAI:
         self.reject_json_schema = reject_json_schema
         self.strict_payload = strict_payload
         self.context_window = context_window
+        #: answer ``GET /props`` with ``default_generation_settings.n_ctx`` as llama.cpp does
+        self.props = props
         self._rejected: list[tuple[dict[str, Any], list[str]]] = []
         self._script: deque[Reply] = deque()
         self._requests: list[RecordedRequest] = []
@@ -349,6 +352,9 @@ class _Handler(BaseHTTPRequestHandler):
                 for m in self.stub.models
             ]
             self._send_json(200, {"object": "list", "data": data})
+        elif path == "/props" and self.stub.props:
+            self._send_json(200, {"default_generation_settings": {
+                "n_ctx": self.stub.context_window}, "total_slots": 1})
         else:
             self._send_json(404, error_body(f"no route for GET {path}", "invalid_request_error"))
 

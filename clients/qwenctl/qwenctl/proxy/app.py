@@ -33,6 +33,14 @@ from qwenctl.proxy import keys
 from qwenctl.proxy.conversation import BadRequest, parse
 from qwenctl.proxy.mapping import SessionMap, system_text
 from qwenctl.proxy.reply import StreamAccumulator, message_of_completion, usage_of
+from qwenctl.proxy.upstream import (
+    MIN_ANSWER_TOKENS,
+    DoesNotFit,
+    UpstreamWindow,
+    fit_request,
+    normalize_tools,
+    tokens_of,
+)
 from qwenctxd.client import ClientError, RemoteError
 
 log = structlog.get_logger("qwenctl.proxy")
@@ -50,6 +58,10 @@ class ProxyConfig:
     max_body_bytes: int = MAX_BODY_BYTES
     #: the longest the upstream may go without sending a byte (``model.timeout_s``)
     upstream_read_s: float = 60.0
+    #: ``[model] context_window``: the window when the upstream does not say (proxy/upstream.py)
+    context_window: int | None = None
+    #: start the daemon again when it stopped (qwenctl's ``--no-autostart`` turns it off)
+    autostart: bool = True
 
 
 def error(status: int, message: str, err_type: str = "invalid_request_error",
@@ -63,6 +75,8 @@ class Proxy:
     def __init__(self, cfg: ProxyConfig, daemon: Any, http: httpx.AsyncClient) -> None:
         self.cfg, self.daemon, self.http = cfg, daemon, http
         self.sessions = SessionMap(daemon)
+        self.windows = UpstreamWindow(http, cfg.upstream, self.upstream_headers,
+                                      cfg.context_window)
 
     # -- request checks ------------------------------------------------------------------------
     def project(self, request: Request) -> str:
@@ -133,7 +147,7 @@ class Proxy:
             return Response(status_code=499)
         header = request.headers.get(SESSION_HEADER)
         key = session_key(header) if header else conv.conversation_id(cwd)
-        return ChatExchange(self, key, cwd, model, body, conv, tools)
+        return ChatExchange(self, key, cwd, model, body, conv, normalize_tools(tools))
 
 
 def session_key(header: str) -> str:
@@ -163,8 +177,10 @@ class ChatExchange(Response):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         sm = self.proxy.sessions
         st = sm.state(self.key)
+        window, _source = await self.proxy.windows.window(self.model)
         async with st.lock:
             try:
+                sm.open_params = self._open_params(window)
                 prompt = await self._map(st)
                 appended = await sm.appended_text(st.session_id or "", self.cwd, self.model,
                                                   prompt.get("prefix_hash", ""))
@@ -185,7 +201,30 @@ class ChatExchange(Response):
             system = system_text(self.conv.system, appended)
             out["messages"] = ([{"role": "system", "content": system}] if system else []) + \
                 list(prompt["messages"])
+            if self.tools is not None:
+                out["tools"] = self.tools
+            try:
+                fitted = fit_request(out, window)
+            except DoesNotFit as exc:
+                log.info("proxy request does not fit", session=st.session_id, window=exc.window,
+                         system_tokens=exc.system_tokens, tools_tokens=exc.tools_tokens)
+                await JSONResponse(exc.body(), status_code=400)(scope, receive, send)
+                return
+            if fitted.dropped_messages:
+                log.info("proxy trimmed history to fit", session=st.session_id,
+                         dropped=fitted.dropped_messages, window=window)
             await self._forward(st, out, scope, receive, send)
+
+    def _open_params(self, window: int | None) -> dict[str, Any]:
+        """What every ``session.open`` of this exchange adds: the upstream (the daemon's side
+        queries yield to this session's requests there) and, when known, the window left for
+        the conversation once the client's own system prompt is in."""
+        params: dict[str, Any] = {"model_base_url": self.proxy.cfg.upstream}
+        if window:
+            left = window - tokens_of(self.conv.system) - MIN_ANSWER_TOKENS
+            params["window_tokens"] = max(1024, left)
+            params["window_source"] = "upstream"
+        return params
 
     async def _map(self, st: Any) -> dict[str, Any]:
         sm = self.proxy.sessions
@@ -363,7 +402,7 @@ def build_app(cfg: ProxyConfig) -> Starlette:
     async def lifespan(app: Starlette):  # type: ignore[no-untyped-def]
         limits = httpx.Limits(max_connections=256, max_keepalive_connections=64)
         timeout = httpx.Timeout(connect=10.0, read=cfg.upstream_read_s, write=60.0, pool=60.0)
-        daemon = DaemonLink(cfg.socket)
+        daemon = DaemonLink(cfg.socket, autostart=cfg.autostart)
         async with anyio.create_task_group() as tg, httpx.AsyncClient(
                 limits=limits, timeout=timeout) as http:
             await tg.start(daemon.run)

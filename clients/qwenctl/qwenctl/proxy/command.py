@@ -33,7 +33,7 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--cwd", help="the project of plain /v1 requests (default: the current "
                    "directory); with `env`: the directory to print the lines for")
     p.add_argument("--default-cwd", help="with `env`: the --cwd the proxy was started with "
-                   "(then that directory gets the plain /v1 URL)")
+                   "(that directory gets the plain /v1 URL; default: the current directory)")
 
 
 def cmd_proxy(ctx: Ctx) -> int:
@@ -43,14 +43,34 @@ def cmd_proxy(ctx: Ctx) -> int:
         return EXIT_OK
     if a.action == "env":
         cwd = Path(a.cwd or os.getcwd()).resolve()
-        url = keys.base_url(a.listen, cwd, a.default_cwd)
-        sys.stdout.write("\n".join(keys.env_lines(url, keys.load_or_create_key())) + "\n")
+        # the plain /v1 URL for the directory the proxy is taken to serve by default: where
+        # this runs, unless --default-cwd says where it was started
+        url = keys.base_url(a.listen, cwd, a.default_cwd or os.getcwd())
+        sys.stdout.write("\n".join(keys.env_lines(url, keys.load_or_create_key(),
+                                                   _configured_model())) + "\n")
         return EXIT_OK
     return serve(ctx)
 
 
-def _upstream(ctx: Ctx, key: str) -> tuple[str | None, str | None, float]:
-    """The upstream URL, its key and its read deadline (``model.timeout_s``)."""
+def _configured_model() -> str | None:
+    """The model the user configured (config.toml ``[model] model``, OPENAI_MODEL, Qwen
+    Code's ``model.name``), for ``proxy env`` (whose stdout is for ``eval``: the config
+    reader's log lines go to stderr, warnings only)."""
+    import logging
+
+    import structlog
+
+    from qwenctxd.config import ConfigStore
+
+    structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+                        wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+
+    return ConfigStore().load_global().endpoint().model
+
+
+def _upstream(ctx: Ctx, key: str) -> tuple[str | None, str | None, float, int | None]:
+    """The upstream URL, its key, its read deadline (``model.timeout_s``) and the configured
+    window (``[model] context_window``, used when the upstream does not tell its own)."""
     from qwenctxd.config import ConfigStore
 
     ep = ConfigStore().load_global().endpoint()
@@ -60,7 +80,7 @@ def _upstream(ctx: Ctx, key: str) -> tuple[str | None, str | None, float]:
     up_key = os.environ.get(UPSTREAM_KEY_ENV) or ep.api_key
     if up_key == key:  # OPENAI_API_KEY came from `eval "$(qwenctl proxy env)"`
         up_key = None
-    return url, up_key, ep.timeout_s
+    return url, up_key, ep.timeout_s, ep.context_window
 
 
 def serve(ctx: Ctx) -> int:
@@ -80,7 +100,7 @@ def serve(ctx: Ctx) -> int:
         return EXIT_USAGE
     key = keys.load_or_create_key()
     ctx.call(methods.DAEMON_PING)  # autostarts the daemon unless --no-autostart
-    url, up_key, read_s = _upstream(ctx, key)
+    url, up_key, read_s, window = _upstream(ctx, key)
     ctx.close()
     if not url:
         sys.stderr.write("qwenctl proxy: no upstream: pass --upstream URL or configure the "
@@ -101,7 +121,8 @@ def serve(ctx: Ctx) -> int:
         return EXIT_USAGE
     structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
     cfg = ProxyConfig(key=key, upstream=url, upstream_key=up_key, default_cwd=cwd,
-                      socket=a.socket, upstream_read_s=read_s)
+                      socket=a.socket, upstream_read_s=read_s, context_window=window,
+                      autostart=not a.no_autostart)
     sys.stderr.write(f"qwenctl proxy: listening on {keys.base_url(bound)} (project {cwd}, "
                      f"upstream {url})\n")
     sys.stderr.flush()

@@ -3,7 +3,8 @@
 An ``AsyncClient`` lives in a task of its own (its reader task group must be entered and left
 by one task); a call that finds the connection lost asks that task for a new one and is
 retried once. A daemon restarted in between has forgotten its open sessions, which the
-mapping handles (SessionNotFound → reopen, resuming the recorded file).
+mapping handles (SessionNotFound → reopen, resuming the recorded file). A daemon that stopped
+is started again, as every other client does (unless ``--no-autostart``).
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ LOST = (ConnectionLost, anyio.BrokenResourceError, anyio.ClosedResourceError, OS
 
 
 class DaemonLink:
-    def __init__(self, socket: str | None) -> None:
+    def __init__(self, socket: str | None, *, autostart: bool = True) -> None:
         self.socket = socket
+        self.autostart = autostart
         self._client: AsyncClient | None = None
         self._generation = 0
         self._want = anyio.Event()
@@ -49,11 +51,28 @@ class DaemonLink:
             except DaemonUnreachable as exc:
                 if not started:
                     raise
+                if self.autostart and await self._start_daemon():
+                    continue
                 self._client, self._error = None, exc
                 self._ready.set()
                 await anyio.sleep(0.2)
                 await self._want.wait()
                 self._want = anyio.Event()
+
+    async def _start_daemon(self) -> bool:
+        """Start a daemon on our socket (as qwenctl does); whether one now answers."""
+        from qwenctl.daemon_link import Unreachable, connect
+
+        def start() -> None:
+            connect(self.socket, autostart=True, timeout=5.0).close()
+
+        try:
+            await anyio.to_thread.run_sync(start)
+        except (Unreachable, OSError) as exc:
+            log.warning("proxy could not start the daemon", error=str(exc))
+            return False
+        log.info("proxy started the daemon again")
+        return True
 
     async def _renew(self, seen: int) -> AsyncClient:
         if self._generation == seen and self._ready.is_set():

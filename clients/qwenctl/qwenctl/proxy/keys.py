@@ -7,6 +7,7 @@ import base64
 import hmac
 import os
 import secrets
+import shlex
 from pathlib import Path
 
 from qwenctxd.fsutil import atomic_write
@@ -79,5 +80,10 @@ def base_url(listen: str, cwd: str | Path | None = None, default_cwd: str | Path
     return f"{root}/p/{encode_project(cwd)}/v1"
 
 
-def env_lines(url: str, key: str) -> list[str]:
-    return [f"export OPENAI_BASE_URL={url}", f"export OPENAI_API_KEY={key}"]
+def env_lines(url: str, key: str, model: str | None = None) -> list[str]:
+    """``export`` lines for an OpenAI-compatible client: base URL, key and (when one is
+    configured) the model, so Qwen Code and the openai SDK need nothing else."""
+    lines = [f"export OPENAI_BASE_URL={url}", f"export OPENAI_API_KEY={key}"]
+    if model:
+        lines.append(f"export OPENAI_MODEL={shlex.quote(model)}")
+    return lines

@@ -49,6 +49,8 @@ class SessionMap:
         self.daemon = daemon  # an AsyncClient-like object with ``call(method, params)``
         self._states: OrderedDict[str, Mapped] = OrderedDict()
         self._extra: dict[str, tuple[str, str]] = {}  # session -> (prefix_hash, appended text)
+        #: added to every session.open of the current request (the upstream's URL and window)
+        self.open_params: dict[str, Any] = {}
 
     def state(self, key: str) -> Mapped:
         st = self._states.get(key)
@@ -64,7 +66,8 @@ class SessionMap:
 
     async def _open(self, st: Mapped, session_id: str, cwd: str, model: str,
                     tools: list[dict[str, Any]] | None) -> int:
-        params: dict[str, Any] = {"cwd": cwd, "model": model, "session_id": session_id}
+        params: dict[str, Any] = {"cwd": cwd, "model": model, "session_id": session_id,
+                                  **self.open_params}
         if tools:
             params["tools"] = tools
         res = await self.daemon.call(methods.SESSION_OPEN, params)

@@ -1,0 +1,128 @@
+"""``qwenctl proxy`` fits every request to its upstream (issue 29): the window is learned from
+the server (llama.cpp's ``/props`` here), ``max_tokens`` is capped to what the window leaves,
+tool declarations without ``parameters`` are normalised, a history that outgrew the window
+loses its oldest turns for that request, and a request whose system prompt and tools alone do
+not fit gets HTTP 400 ``context_window_exceeded`` naming the sizes — never the upstream's 500.
+The upstream is the strict scripted server: it refuses what llama.cpp refuses (a prompt plus
+``max_tokens`` over its window, a function without ``parameters``)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+from proxy_harness import (
+    CLIENT_SYSTEM,
+    RunningProxy,
+    Upstream,
+    client,
+    forwarded,
+    project,
+)
+
+from qwenctxd.testing.openai_stub import Reply, ScriptedOpenAI
+from qwenctxd.testing.spawn import SpawnedDaemon
+
+WINDOW = 8192
+TOOLS = [
+    {"type": "function", "function": {"name": "get_goal", "description": "the current goal"}},
+    {"type": "function", "function": {"name": "read_file", "description": "read a file",
+                                      "parameters": {"type": "object", "properties": {
+                                          "path": {"type": "string"}}}}},
+]
+
+
+@pytest.fixture(scope="module")
+def running() -> Iterator[tuple[RunningProxy, ScriptedOpenAI, Upstream, SpawnedDaemon]]:
+    script = Upstream()
+    with ScriptedOpenAI(strict_chat=True, strict_payload=True, handler=script, props=True,
+                        context_window=WINDOW) as stub:
+        d = SpawnedDaemon(env={"OPENAI_BASE_URL": stub.base_url, "OPENAI_API_KEY": "k",
+                               "OPENAI_MODEL": "stub-model"})
+        # the README's llama.cpp set-up: the daemon's own side queries know the window too
+        toml = d.home / ".config" / "qwenctxd" / "config.toml"
+        toml.parent.mkdir(parents=True)
+        toml.write_text(f"[model]\ncontext_window = {WINDOW}\n")
+        d.start()
+        try:
+            proj = project(d.root, "proj", "Be brief.\n")
+            proxy = RunningProxy(d, stub.base_url, proj)
+            try:
+                yield proxy, stub, script, d
+            finally:
+                proxy.stop()
+        finally:
+            d.cleanup()
+
+
+def _ask(proxy: RunningProxy, messages: list[dict], **kw: object) -> object:
+    return client(proxy).chat.completions.create(model="stub-model", messages=messages, **kw)
+
+
+def test_tools_normalised_and_max_tokens_capped(running) -> None:  # type: ignore[no-untyped-def]
+    proxy, stub, script, d = running
+    script.replies.append(Reply(content="ok"))
+    before = len(forwarded(stub))
+    r = _ask(proxy, [{"role": "system", "content": CLIENT_SYSTEM},
+                     {"role": "user", "content": "first question"}],
+             tools=TOOLS, tool_choice="auto", max_tokens=32_000)
+    assert r.choices[0].message.content == "ok"
+    body = forwarded(stub)[before]
+    assert all(isinstance(t["function"].get("parameters"), dict) for t in body["tools"])
+    assert body["tools"][0]["function"]["parameters"] == {"type": "object", "properties": {}}
+    assert body["max_tokens"] < WINDOW  # the strict upstream accepted prompt + max_tokens
+    assert not stub.rejected, stub.rejected
+    # the daemon session is sized for the upstream's window, and says where it came from
+    sid = next(s["session_id"] for s in d.call("session.list", {})["sessions"] if s.get("open"))
+    ctx = d.call("session.context", {"session_id": sid})
+    assert ctx["window_source"] == "upstream" and ctx["window_tokens"] < WINDOW
+
+
+def test_a_request_that_cannot_fit_gets_a_clear_400(running) -> None:  # type: ignore[no-untyped-def]
+    proxy, stub, script, d = running
+    before = len(stub.chat_requests)
+    huge_system = CLIENT_SYSTEM + " " + ("Follow every rule with care. " * 1500)  # ~11k tokens
+    with pytest.raises(openai.BadRequestError) as caught:
+        _ask(proxy, [{"role": "system", "content": huge_system},
+                     {"role": "user", "content": "hello"}], tools=TOOLS, tool_choice="auto")
+    err = caught.value.body
+    assert isinstance(err, dict)
+    err = err.get("error", err)
+    assert err["type"] == "context_window_exceeded"
+    assert err["window"] == WINDOW and err["system_tokens"] > WINDOW and err["tools_tokens"] > 0
+    assert str(WINDOW) in err["message"]
+    forwarded_now = [r for r in stub.chat_requests[before:]
+                     if json.dumps(r.body).count("Follow every rule") > 100]
+    assert forwarded_now == []  # nothing that could not fit was sent upstream
+
+
+def test_a_history_past_the_window_is_trimmed_to_fit(running) -> None:  # type: ignore[no-untyped-def]
+    proxy, stub, script, d = running
+    messages: list[dict] = [{"role": "system", "content": CLIENT_SYSTEM}]
+    for i in range(12):  # ~12 × 900 tokens of history: more than the 8k window
+        messages.append({"role": "user", "content": f"question {i}: " + "lorem ipsum " * 300})
+        messages.append({"role": "assistant", "content": f"answer {i}"})
+    messages.append({"role": "user", "content": "the last question"})
+    script.replies.append(Reply(content="fits"))
+    before = len(forwarded(stub))
+    r = _ask(proxy, messages)
+    assert r.choices[0].message.content == "fits"
+    body = forwarded(stub)[before]
+    assert "the last question" in json.dumps(body["messages"][-1])
+    assert len(body["messages"]) < len(messages)
+    assert not stub.rejected, stub.rejected
+
+
+def test_proxy_env_prints_the_model_and_the_plain_url(running, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    import subprocess
+    import sys
+
+    proxy, _stub, _script, _d = running
+    out = subprocess.run([sys.executable, "-m", "qwenctl", "proxy", "env"], env=proxy.env,
+                         cwd=tmp_path, capture_output=True, text=True, check=True).stdout
+    lines = out.strip().splitlines()
+    assert lines[0] == "export OPENAI_BASE_URL=http://127.0.0.1:8788/v1"
+    assert "export OPENAI_MODEL=stub-model" in lines
