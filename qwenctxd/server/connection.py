@@ -152,6 +152,9 @@ class Connection:
             if frame is not None:
                 self.last_active = time.monotonic()
                 return frame
+            # replies the client has not read past the transport's high-water mark: stop
+            # reading this connection until they drain
+            await self._io.wait_writable()
             idle = self.daemon.settings.limits.idle_connection_s
             try:
                 if self.got_first_frame and self.idle:
@@ -236,19 +239,23 @@ class Connection:
                 log.info("request cancelled", conn_id=self.id, id=rid)
                 reply = error_frame(errors.RequestCancelled(data={"id": rid}), rid)
         finally:
+            if rid is not None and self._in_flight.get(rid) is scope:
+                del self._in_flight[rid]
+            self.daemon.request_finished()
+        try:
+            if reply is not None:
+                try:
+                    await self._send_raw(reply)
+                except _Closed:
+                    self.close()
+        finally:
+            # the session's order is held until the reply is written (a client that does not
+            # read holds back its own next request on that session, nothing else)
             if mine is not None:
                 mine.set()
                 for sid, tail in list(self._session_tail.items()):
                     if tail is mine:
                         del self._session_tail[sid]
-            if rid is not None and self._in_flight.get(rid) is scope:
-                del self._in_flight[rid]
-            self.daemon.request_finished()
-        if reply is not None:
-            try:
-                await self._send_raw(reply)
-            except _Closed:
-                self.close()
 
     def cancel_request(self, rid: Any) -> bool:
         """Cancel the in-flight request ``rid`` of this connection; False if none is."""
