@@ -18,6 +18,7 @@ import msgspec
 
 from qwenctxd.client.errors import ConnectionLost, DaemonUnreachable, RemoteError
 from qwenctxd.paths import socket_path
+from qwenctxd.protocol import errors as perrors
 from qwenctxd.protocol.framing import FrameDecoder, Framing, FramingError, encode
 
 if TYPE_CHECKING:  # the table is only needed by callers; keeps this import lean
@@ -114,12 +115,27 @@ class Client:
         req: dict[str, Any] = {"jsonrpc": "2.0", "method": name, "id": rid}
         if params is not None:
             req["params"] = params
-        self.send_raw(_encoder.encode(req))
+        try:
+            self.send_raw(_encoder.encode(req))
+        except OSError:
+            # a daemon at its connection cap answers -32005 and closes before reading: the
+            # send may fail, the reply is still there to read
+            try:
+                frame = self.read_frame()
+            except Exception:
+                raise ConnectionLost("daemon closed the connection") from None
+            msg = msgspec.json.decode(frame)
+            if isinstance(msg, dict) and isinstance(msg.get("error"), dict):
+                raise RemoteError.from_wire(msg["error"]) from None
+            raise
         while True:
             msg = msgspec.json.decode(self.read_frame())
             if isinstance(msg, dict) and "method" in msg and "id" not in msg:
                 self.notifications.append(msg)
                 continue
+            if (isinstance(msg, dict) and msg.get("id") is None and isinstance(msg.get("error"), dict)
+                    and msg["error"].get("code") == perrors.BUSY):
+                raise RemoteError.from_wire(msg["error"])  # refused at the connection cap
             if not isinstance(msg, dict) or msg.get("id") != rid:
                 raise ConnectionLost(f"unexpected reply {str(msg)[:200]}")
             if "error" in msg:

@@ -30,6 +30,7 @@ import structlog
 
 from qwenctxd.config.schema import (
     DaemonSettings,
+    LimitsSettings,
     ModelEndpoint,
     ModelSettings,
     SessionsSettings,
@@ -59,10 +60,11 @@ def _encode_names(cls: type[msgspec.Struct]) -> frozenset[str]:
 #: Top-level keys of Qwen Code's settings.json that the daemon reads; the rest are ignored.
 SETTINGS_JSON_KEYS = frozenset({"context", "memory", "skills", "model", "fastModel", "hooks"})
 #: config.toml: tables allowed at the top level, and the top-level scalars.
-TOML_TABLES = ("daemon", "model", "context", "memory", "skills", "sessions")
+TOML_TABLES = ("daemon", "model", "context", "memory", "skills", "sessions", "limits")
 TOML_SCALARS = frozenset({"fastModel"})
 _DAEMON_KEYS = _encode_names(DaemonSettings)
 _SESSIONS_KEYS = _encode_names(SessionsSettings)
+_LIMITS_KEYS = _encode_names(LimitsSettings)
 _ENDPOINT_KEYS = _encode_names(ModelEndpoint)
 _MODEL_SETTINGS_KEYS = _encode_names(ModelSettings)
 _SECTION_TYPES: dict[str, Any] = {f.encode_name: f.type for f in msgspec.structs.fields(Settings)}
@@ -255,6 +257,11 @@ def read_config_toml(path: Path) -> Layer:
             if bad:
                 raise ConfigError(file, f"sessions.{bad[0]}", "unknown key")
             data["sessions"] = value
+        elif key == "limits":
+            bad = sorted(set(value) - _LIMITS_KEYS)
+            if bad:
+                raise ConfigError(file, f"limits.{bad[0]}", "unknown key")
+            data["limits"] = value
         elif key == "model":
             bad = sorted(set(value) - _ENDPOINT_KEYS - _MODEL_SETTINGS_KEYS)
             if bad:

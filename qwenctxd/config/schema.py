@@ -144,6 +144,15 @@ class SessionsSettings(msgspec.Struct, kw_only=True):
     idle_close_minutes: Annotated[float, Meta(ge=0)] = 120.0
 
 
+class LimitsSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Daemon-only keys (config.toml ``[limits]``): bounds on one connection."""
+
+    # one message (frame) larger than this gets -32602 (field "message") and is discarded
+    max_message_bytes: Annotated[int, Meta(ge=1024, le=16 * 1024 * 1024)] = 4 * 1024 * 1024
+    # a connection with nothing in flight and no subscription is closed after this long
+    idle_connection_s: PositiveFloat = 600.0
+
+
 class Settings(msgspec.Struct, kw_only=True, rename={"fast_model": "fastModel"}):
     """The merged view the daemon reads. Unknown top-level keys are ignored."""
 
@@ -156,6 +165,7 @@ class Settings(msgspec.Struct, kw_only=True, rename={"fast_model": "fastModel"})
     hooks: dict[str, list[dict[str, object]]] = msgspec.field(default_factory=dict)
     daemon: DaemonSettings = msgspec.field(default_factory=DaemonSettings)
     sessions: SessionsSettings = msgspec.field(default_factory=SessionsSettings)
+    limits: LimitsSettings = msgspec.field(default_factory=LimitsSettings)
     model_endpoint: ModelEndpoint = msgspec.field(default_factory=ModelEndpoint)
 
     def endpoint(self) -> ModelEndpoint:

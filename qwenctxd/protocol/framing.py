@@ -42,6 +42,14 @@ class FrameTooLarge(FramingError):
         super().__init__(f"frame over {limit} bytes")
 
 
+class FrameSkipped(Exception):
+    """A frame over the cap was discarded without buffering it; the stream goes on."""
+
+    def __init__(self, size: int | None, limit: int) -> None:
+        self.size, self.limit = size, limit
+        super().__init__(f"message over {limit} bytes discarded")
+
+
 class BadHeader(FramingError):
     """An LSP header block without a usable Content-Length."""
 
@@ -96,9 +104,19 @@ class FrameDecoder:
     ``FramingError`` subclasses; after one the stream is unusable.
     """
 
-    def __init__(self, framing: Framing | None = None, *, max_frame: int = MAX_FRAME_BYTES):
+    def __init__(self, framing: Framing | None = None, *, max_frame: int = MAX_FRAME_BYTES,
+                 max_message: int | None = None):
         self.framing = framing
         self.max_frame = max_frame
+        # max_message (< max_frame): a frame over it, but not over max_frame, is discarded as
+        # it streams in, never buffered, and FrameSkipped is raised once it has ended; the
+        # stream goes on. Over max_frame it is still FrameTooLarge (the stream ends).
+        self.max_message = max_message if max_message and max_message < max_frame else None
+        self._discard_line = False  # NDJSON: dropping bytes up to the next newline
+        self._discard_body = 0  # LSP: body bytes still to drop
+        self._discarded = 0
+        self._skipped: FrameSkipped | None = None
+        self._fatal: FrameTooLarge | None = None
         self._buf = bytearray()
         self._scan = 0  # NDJSON: where the newline search resumes
         self._body_len: int | None = None  # LSP: length of the body being awaited
@@ -108,10 +126,41 @@ class FrameDecoder:
         return len(self._buf)
 
     def feed(self, data: bytes) -> None:
+        if self._fatal is not None:
+            return
+        if self._discard_body:
+            n = min(self._discard_body, len(data))
+            self._discard_body -= n
+            self._discarded += n
+            data = data[n:]
+            if not self._discard_body:
+                self._end_discard()
+        elif self._discard_line:
+            idx = data.find(b"\n")
+            self._discarded += len(data) if idx < 0 else idx
+            if self._discarded > self.max_frame:
+                self._discard_line = False
+                self._fatal = FrameTooLarge(None, self.max_frame)
+                return
+            if idx < 0:
+                return
+            self._discard_line = False
+            self._end_discard()
+            data = data[idx + 1:]
         self._buf += data
+
+    def _end_discard(self) -> None:
+        assert self.max_message is not None
+        self._skipped = FrameSkipped(self._discarded, self.max_message)
+        self._discarded = 0
 
     def next_frame(self) -> bytes | None:
         """The next complete frame, or None when more bytes are needed."""
+        if self._fatal is not None:
+            raise self._fatal
+        if self._skipped is not None:
+            skipped, self._skipped = self._skipped, None
+            raise skipped
         buf = self._buf
         if self.framing is None:
             stripped = len(buf) - len(buf.lstrip(WHITESPACE))
@@ -132,12 +181,20 @@ class FrameDecoder:
             idx = buf.find(b"\n", self._scan)
             if idx < 0:
                 self._scan = len(buf)
+                if self.max_message is not None and len(buf) > self.max_message:
+                    self._discarded = len(buf)
+                    del buf[:]
+                    self._scan = 0
+                    self._discard_line = True
+                    return None
                 if len(buf) > self.max_frame:
                     raise FrameTooLarge(None, self.max_frame)
                 return None
             line = bytes(buf[:idx])
             del buf[: idx + 1]
             self._scan = 0
+            if self.max_message is not None and self.max_message < len(line) <= self.max_frame:
+                raise FrameSkipped(len(line), self.max_message)
             if len(line) > self.max_frame:
                 raise FrameTooLarge(len(line), self.max_frame)
             if line.strip():
@@ -158,6 +215,15 @@ class FrameDecoder:
             del buf[: idx + 4]
             if length > self.max_frame:
                 raise FrameTooLarge(length, self.max_frame)
+            if self.max_message is not None and length > self.max_message:
+                n = min(length, len(buf))
+                del buf[:n]
+                self._discarded = n
+                self._discard_body = length - n
+                if not self._discard_body:
+                    self._end_discard()
+                    return self.next_frame()
+                return None
             self._body_len = length
         if len(buf) < self._body_len:
             return None

@@ -41,6 +41,8 @@ from qwenctxd.server.lock import PidLock
 from qwenctxd.tasks import TaskRecord
 from qwenctxd.tasks.supervise import supervise
 
+EVICT_GRACE_S = 5.0  # at the cap, a connection idle for less is not evicted
+
 log = structlog.get_logger("qwenctxd.daemon")
 
 StatusContributor = Callable[[wire.StatusResult], None]
@@ -87,6 +89,7 @@ class Daemon:
         self._requests_idle = anyio.Event()
         self.connections = 0
         self._fresh: dict[int, Connection] = {}  # connections yet to send their first frame
+        self._open: dict[int, Connection] = {}  # every open connection
         self._lock = PidLock(pid_path(socket_path))
         self._bound_here = False
         self._stop = anyio.Event()
@@ -220,10 +223,12 @@ class Daemon:
         self.connections += 1
         connection = Connection(self, conn)
         self._fresh[connection.id] = connection
+        self._open[connection.id] = connection
         try:
             await connection.serve(peer_uid)
         finally:
             self._fresh.pop(connection.id, None)
+            self._open.pop(connection.id, None)
             self.connections -= 1
 
     def connection_active(self, connection: Connection) -> None:
@@ -231,13 +236,27 @@ class Daemon:
         self._fresh.pop(connection.id, None)
 
     def _evict_idle(self) -> bool:
-        """At the connection cap: close the oldest connection that never sent a frame."""
+        """At the connection cap: close the oldest connection that never sent a frame, else the
+        longest-idle one with nothing in flight and no subscription (protocol.md "Bounds on one
+        connection"); False when every connection is busy."""
         for conn_id, connection in self._fresh.items():
             del self._fresh[conn_id]
+            self._open.pop(conn_id, None)
             log.info("connection cap reached; closing an idle new connection", conn_id=conn_id)
             connection.close()
             return True
-        return False
+        # a client between two requests is not evicted: only idle past a short grace
+        grace = min(EVICT_GRACE_S, self.settings.limits.idle_connection_s / 2)
+        now = time.monotonic()
+        idle = [c for c in self._open.values() if c.idle and now - c.last_active >= grace]
+        if not idle:
+            return False
+        victim = min(idle, key=lambda c: c.last_active)
+        self._open.pop(victim.id, None)
+        log.info("connection cap reached; closing the longest-idle connection",
+                 conn_id=victim.id, idle_s=round(time.monotonic() - victim.last_active, 1))
+        victim.close()
+        return True
 
     # -- shutdown -----------------------------------------------------------------------------
     def request_shutdown(self, *, drain: bool = True, timeout_s: float | None = None) -> None:

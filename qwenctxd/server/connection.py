@@ -7,7 +7,10 @@ one connection run concurrently and may be answered out of order; frames naming 
 ``$/cancelRequest`` and ``rpc.cancel`` cancel an in-flight request by id: its reply is -32800.
 Server notifications (after ``daemon.subscribe``) are interleaved; every message is one
 transport write. A connection that sends no complete frame within the first-frame deadline is
-closed. Any failure of a connection ends that connection only.
+closed; later, one with nothing in flight and no subscription is closed after
+``limits.idle_connection_s``. A message over ``limits.max_message_bytes`` is discarded as it
+arrives and answered -32602 (``data.field: "message"``); the connection goes on. Any failure of
+a connection ends that connection only.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+import time
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -49,13 +53,21 @@ class Connection:
         self.id = next(_conn_ids)
         self.subscription: Subscription | None = None
         self.got_first_frame = False
+        self.last_active = time.monotonic()
         self._io = conn
-        self._decoder = FrameDecoder(max_frame=daemon.max_frame_bytes)
+        self._decoder = FrameDecoder(max_frame=daemon.max_frame_bytes,
+                                     max_message=daemon.settings.limits.max_message_bytes)
         self._tg: anyio.abc.TaskGroup | None = None
         self._running: dict[asyncio.Task[None], anyio.CancelScope] = {}
         self._slot_freed: asyncio.Future[None] | None = None
         self._in_flight: dict[Any, anyio.CancelScope] = {}
         self._session_tail: dict[str, anyio.Event] = {}
+
+    @property
+    def idle(self) -> bool:
+        """Nothing in flight and no subscription: evictable, and closed after
+        ``limits.idle_connection_s``."""
+        return not self._running and self.subscription is None
 
     @property
     def framing(self) -> Framing | None:
@@ -112,6 +124,14 @@ class Connection:
         while True:
             try:
                 frame = dec.next_frame()
+            except framing.FrameSkipped as exc:
+                log.warning("message over limits.max_message_bytes; discarded", conn_id=self.id,
+                            limit=exc.limit, size=exc.size)
+                self.daemon.dispatcher.errors += 1
+                await self._send_raw(error_frame(errors.InvalidParams(
+                    f"message: over limits.max_message_bytes ({exc.limit} bytes)",
+                    data={"field": "message", "limit": exc.limit, "size": exc.size})))
+                continue
             except framing.FrameTooLarge as exc:
                 log.warning("frame over the cap; closing", conn_id=self.id, limit=exc.limit)
                 err = errors.InvalidRequest(
@@ -130,9 +150,23 @@ class Connection:
                 )
                 raise _Closed from None
             if frame is not None:
+                self.last_active = time.monotonic()
                 return frame
+            # replies the client has not read past the transport's high-water mark: stop
+            # reading this connection until they drain
+            await self._io.wait_writable()
+            idle = self.daemon.settings.limits.idle_connection_s
             try:
-                data = await self._io.receive_some()
+                if self.got_first_frame and self.idle:
+                    with anyio.move_on_after(idle) as waited:
+                        data = await self._io.receive_some()
+                    if waited.cancelled_caught:
+                        if self.idle:
+                            log.info("idle connection; closing", conn_id=self.id, after_s=idle)
+                            return None
+                        data = await self._io.receive_some()
+                else:
+                    data = await self._io.receive_some()
             except (anyio.IncompleteRead, anyio.BrokenResourceError, ConnectionError, OSError):
                 return None
             dec.feed(data)
@@ -205,19 +239,23 @@ class Connection:
                 log.info("request cancelled", conn_id=self.id, id=rid)
                 reply = error_frame(errors.RequestCancelled(data={"id": rid}), rid)
         finally:
+            if rid is not None and self._in_flight.get(rid) is scope:
+                del self._in_flight[rid]
+            self.daemon.request_finished()
+        try:
+            if reply is not None:
+                try:
+                    await self._send_raw(reply)
+                except _Closed:
+                    self.close()
+        finally:
+            # the session's order is held until the reply is written (a client that does not
+            # read holds back its own next request on that session, nothing else)
             if mine is not None:
                 mine.set()
                 for sid, tail in list(self._session_tail.items()):
                     if tail is mine:
                         del self._session_tail[sid]
-            if rid is not None and self._in_flight.get(rid) is scope:
-                del self._in_flight[rid]
-            self.daemon.request_finished()
-        if reply is not None:
-            try:
-                await self._send_raw(reply)
-            except _Closed:
-                self.close()
 
     def cancel_request(self, rid: Any) -> bool:
         """Cancel the in-flight request ``rid`` of this connection; False if none is."""

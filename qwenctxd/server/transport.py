@@ -26,6 +26,7 @@ log = structlog.get_logger("qwenctxd.transport")
 
 ACCEPT_CAPACITY_ERRNOS = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS}
 READ_HIGH_WATER = 4 * 1024 * 1024  # pause reading while this much is buffered unread
+WRITE_HIGH_WATER = 8 * 1024 * 1024  # unsent reply bytes past which a connection is not read
 
 
 class SocketInUse(Exception):
@@ -219,6 +220,7 @@ class SocketConnection:
     async def wrap(cls, sock: socket.socket) -> SocketConnection:
         loop = asyncio.get_running_loop()
         transport, proto = await loop.connect_accepted_socket(_Protocol, sock)
+        transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)  # type: ignore[attr-defined]
         return cls(transport, proto)
 
     async def _fill(self) -> None:
@@ -256,6 +258,14 @@ class SocketConnection:
             await waiter
             if t.is_closing():
                 raise anyio.BrokenResourceError
+
+    async def wait_writable(self) -> None:
+        """Wait while the unsent bytes are past the write high-water mark."""
+        p = self._p
+        while p.write_paused and not self._transport.is_closing():
+            waiter = asyncio.get_running_loop().create_future()
+            p.drain_waiters.append(waiter)
+            await waiter
 
     def close(self) -> None:
         self._transport.close()

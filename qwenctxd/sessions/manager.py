@@ -183,6 +183,11 @@ class SessionManager:
             torn = [t.line_no for t in state.torn]
             for t in state.torn:
                 warnings.append(f"skipped unreadable line {t.line_no} of {path.name}: {t.reason}")
+        from qwenctxd.paths import qwen_home
+        from qwenctxd.sessions import shared_file
+
+        for holder in await anyio.to_thread.run_sync(shared_file.holders, qwen_home(), session_id):
+            warnings.append(shared_file.held_warning(holder))
         s.git_snapshot = await self.instructions.git_snapshot(cwd)
         self.sessions[session_id] = s
         self._opened_at[session_id] = time.time()

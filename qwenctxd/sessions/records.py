@@ -12,7 +12,10 @@ boundary. Files written before (OpenAI-shaped ``message``, ``usage``) still resu
 Writing (:class:`JsonlWriter`): msgspec-encoded, one ``write`` of the whole line per record on an
 ``O_APPEND`` descriptor (so the line reaches the kernel at once — "flushed per record"), fsync per
 policy. A torn tail left by a crash is closed with ``"\\n"`` before the next append, so the torn
-line stays isolated and readers skip it.
+line stays isolated and readers skip it. The file may be shared with a running Qwen Code: a
+record is appended only when ``sessions.shared_file.append_state`` says no other writer is
+mid-record; until then it waits in the writer's queue (written in the background on the event
+loop, or at :meth:`JsonlWriter.close`), never dropped and never written into another's line.
 
 Reading (:func:`read_records`, :func:`resume`, :func:`scan_summary`): streamed line by line with
 typed msgspec decoders; a line that does not decode is reported as a :class:`TornLine`, never
@@ -35,7 +38,7 @@ import msgspec
 
 from qwenctxd.fsutil import open_regular
 from qwenctxd.paths import chats_dir
-from qwenctxd.sessions import gemini_format
+from qwenctxd.sessions import gemini_format, shared_file
 
 RecordType = Literal["user", "assistant", "tool_result", "system"]
 FsyncPolicy = Literal["never", "always", "interval"]
@@ -217,8 +220,15 @@ class JsonlWriter:
         self._fd: int | None = os.open(self.path, flags, 0o600)
         try:
             size = os.fstat(self._fd).st_size
+            # lines waiting for the file to be safe to append to (shared_file.append_state)
+            self._queue: list[bytes] = []
+            self._watch = shared_file.TailWatch()
+            self._expected = size
+            self._drainer: Any = None
+            self.deferred_appends = 0
             if size and os.pread(self._fd, 1, size - 1) != b"\n":
                 self._write(b"\n")  # close a torn tail so the next record starts a fresh line
+                self._expected = size + 1
             if parent_uuid is msgspec.UNSET:
                 parent_uuid = _tail_uuid(self._fd, size) if size else None
             self.last_uuid: str | None = parent_uuid
@@ -257,19 +267,95 @@ class JsonlWriter:
         buf = self._buf
         self._enc.encode_into(record, buf)
         buf.extend(b"\n")
-        try:
-            self._write(buf)
-        finally:
-            del buf[:]
+        line = bytes(buf)
+        del buf[:]
         self.last_uuid = record.uuid
         self.records_written += 1
+        self._queue.append(line)
+        if not self._flush_queue():
+            self._defer()
+        return record
+
+    @property
+    def pending(self) -> int:
+        """Records accepted but not yet written (another writer is mid-record)."""
+        return len(self._queue)
+
+    def _flush_queue(self, *, force: bool = False) -> bool:
+        """Write the queued lines if the file is safe to append to; True when none is left."""
+        fd = self._fd
+        if fd is None or not self._queue:
+            return not self._queue
+        state = shared_file.append_state(fd, self._expected, self._watch, time.monotonic())
+        if state == "wait" and not force:
+            return False
+        size = os.fstat(fd).st_size
+        lead = b""
+        if size != self._expected:
+            if not shared_file.ends_in_newline(fd, size):
+                lead = b"\n"  # a dead writer's torn tail (or forced at close)
+            self._rechain(fd)
+        data = lead + b"".join(self._queue)
+        # the last look right before the one write: nobody started a record meanwhile
+        if not force and (os.fstat(fd).st_size != size
+                          or (not lead and not shared_file.ends_in_newline(fd, size))):
+            return False
+        self._write(data)
+        self._queue.clear()
+        self._expected = os.lseek(fd, 0, os.SEEK_CUR)
         self._dirty = True
         if self.fsync_policy == "always":
             self.sync()
         elif self.fsync_policy == "interval":
             if time.monotonic() - self._last_sync >= self.fsync_interval:
                 self.sync()
-        return record
+        return True
+
+    def _rechain(self, fd: int) -> None:
+        """Another writer appended: chain the first queued line to the file's last record, so the
+        parentUuid chain stays one line of descent where it can (resume reads file order)."""
+        tail = _tail_uuid(fd, os.fstat(fd).st_size)
+        if tail is None or not self._queue:
+            return
+        try:
+            first = msgspec.json.decode(self._queue[0].rstrip(b"\n"), type=ChatRecord)
+        except msgspec.DecodeError:
+            return
+        if first.parentUuid is not None and first.parentUuid != tail:
+            first = msgspec.structs.replace(first, parentUuid=tail)
+            self._queue[0] = self._enc.encode(first) + b"\n"
+
+    def _defer(self) -> None:
+        """Another writer is mid-record: write the queue once the file is safe, in the
+        background on the running event loop (never blocking it), or here when there is none."""
+        import asyncio
+
+        self.deferred_appends += 1
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        if loop is None:
+            self._wait_and_flush(None)
+            return
+        if self._drainer is None or self._drainer.done():
+            self._drainer = loop.create_task(self._drain())
+
+    async def _drain(self) -> None:
+        import asyncio
+
+        # polling a file's size: there is no event to wait on
+        while self._fd is not None and not self._flush_queue():  # noqa: ASYNC110
+            await asyncio.sleep(shared_file.POLL_S)
+
+    def _wait_and_flush(self, deadline_s: float | None) -> None:
+        """Block until the queue is written; past ``deadline_s`` write it anyway."""
+        start = time.monotonic()
+        while not self._flush_queue():
+            if deadline_s is not None and time.monotonic() - start >= deadline_s:
+                self._flush_queue(force=True)
+                return
+            time.sleep(shared_file.POLL_S)
 
     def remember_tool_calls(self, messages: list[dict[str, Any]]) -> None:
         """Learn the tool names of an existing history (OpenAI form), e.g. after a resume."""
@@ -341,7 +427,13 @@ class JsonlWriter:
             self._dirty = False
         self._last_sync = time.monotonic()
 
-    def close(self) -> None:
+    def close(self, *, wait_s: float = 10.0) -> None:
+        """Write what is queued (waiting up to ``wait_s`` for another writer to finish its
+        record, then writing anyway: an acknowledged record is never dropped), then close."""
+        if self._fd is not None and self._queue:
+            self._wait_and_flush(wait_s)
+        if self._drainer is not None and not self._drainer.done():
+            self._drainer.cancel()
         fd, self._fd = self._fd, None
         if fd is None:
             return

@@ -37,6 +37,7 @@ from qwenctl.daemon_link import (
 )
 from qwenctl.proxy import command as proxy_cmd
 from qwenctxd.client import Client, ClientError, RemoteError
+from qwenctxd.client.errors import Busy
 from qwenctxd.paths import socket_path
 from qwenctxd.protocol import methods
 from qwenctxd.protocol.methods import Method
@@ -257,6 +258,11 @@ def main(argv: list[str] | None = None) -> int:
     except Unreachable as exc:
         sys.stderr.write(f"qwenctl: {exc}\n")
         return EXIT_UNREACHABLE
+    except Busy as exc:
+        sys.stderr.write("qwenctl: the daemon is busy (too many connections); try again\n")
+        if args.json:
+            emit_json({"error": {"code": exc.code, "message": exc.message, "data": exc.data}})
+        return EXIT_DAEMON_ERROR
     except RemoteError as exc:
         sys.stderr.write(f"qwenctl: daemon error {exc.code}: {exc.message}\n")
         if args.json:
