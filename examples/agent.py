@@ -75,10 +75,25 @@ def run_tool(cwd: Path, name: str, args: dict[str, Any]) -> tuple[str, list[str]
     return f"Error: unknown tool {name}", []
 
 
-def call_model(llm: openai.OpenAI, model: str, prompt: dict[str, Any]) -> dict[str, Any]:
+DEFAULT_MAX_TOKENS = 4096
+
+
+def answer_budget(prompt: dict[str, Any], asked: int | None) -> int:
+    """``max_tokens`` for this call: what was asked (``--max-tokens``), else 4096, never more
+    than the window leaves after the prompt (a small local model otherwise rambles on)."""
+    usage = prompt["usage"]
+    room = max(64, usage["window_tokens"] - usage["prompt_tokens"])
+    return min(asked or DEFAULT_MAX_TOKENS, room)
+
+
+def call_model(llm: openai.OpenAI, model: str, prompt: dict[str, Any],
+               max_tokens: int | None = None) -> dict[str, Any]:
     """POST the assembled prompt unchanged, streamed; returns the assistant message."""
+    tools = prompt["tools"]
     stream = llm.chat.completions.create(
-        model=model, stream=True, tools=prompt["tools"] or openai.NOT_GIVEN,
+        model=model, stream=True, tools=tools or openai.NOT_GIVEN,
+        tool_choice="auto" if tools else openai.NOT_GIVEN,
+        max_tokens=answer_budget(prompt, max_tokens),
         messages=[{"role": "system", "content": prompt["system"]}, *prompt["messages"]])
     text, calls = [], {}
     for chunk in stream:
@@ -110,14 +125,14 @@ def show_events(prompt: dict[str, Any]) -> None:
 
 
 def run_turn(daemon: Client, llm: openai.OpenAI, model: str, sid: str, cwd: Path,
-             text: str) -> bool:
+             text: str, max_tokens: int | None = None) -> bool:
     """One user request to completion; False when the model stayed unreachable."""
     prompt = daemon.call("session.turn", {"session_id": sid, "kind": "user", "text": text})
     while True:
         show_events(prompt)
         for attempt in (1, 2):
             try:
-                msg = call_model(llm, model, prompt)
+                msg = call_model(llm, model, prompt, max_tokens)
                 break
             except openai.OpenAIError as exc:
                 print(f"\n[model call failed ({attempt}/2): {exc}]", file=sys.stderr)
@@ -153,6 +168,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cwd", default=os.getcwd())
     ap.add_argument("--model", default=os.environ.get("OPENAI_MODEL", "qwen3-coder-plus"))
     ap.add_argument("--window", type=int, default=None, help="context window in tokens")
+    ap.add_argument("--max-tokens", type=int, default=None,
+                    help=f"answer budget per model call (default {DEFAULT_MAX_TOKENS}, never "
+                         "more than the window leaves)")
     ap.add_argument("requests", nargs="+")
     a = ap.parse_args(argv)
     cwd = Path(a.cwd).resolve()
@@ -162,7 +180,8 @@ def main(argv: list[str] | None = None) -> int:
             "cwd": str(cwd), "model": a.model, "tools": TOOLS, "window_tokens": a.window,
             "agent": {"name": "qwenctxd reference agent", "version": "1"}})
         sid = opened["session_id"]
-        ok = all(run_turn(daemon, llm, a.model, sid, cwd, text) for text in a.requests)
+        ok = all(run_turn(daemon, llm, a.model, sid, cwd, text, a.max_tokens)
+                 for text in a.requests)
         daemon.call("session.close", {"session_id": sid})
     return 0 if ok else 1
 

@@ -242,7 +242,9 @@ def test_adversarial_input_scans_in_linear_time(
     hits = scan(text)
     elapsed = time.perf_counter() - start
     assert rule_id not in [hit.rule_id for hit in hits]
-    assert elapsed < 1.0, f"{rule_id}: {elapsed * 1000:.1f} ms"
+    # a liveness bound (the figures are in bench/secrets.py): backtracking over 1 MiB would
+    # take minutes to hours, a linear scan well under a second on an idle machine
+    assert elapsed < 10.0, f"{rule_id}: {elapsed * 1000:.1f} ms"
 
 
 def test_every_original_rule_has_an_adversarial_case() -> None:

@@ -126,3 +126,23 @@ def test_proxy_env_prints_the_model_and_the_plain_url(running, tmp_path: Path) -
     lines = out.strip().splitlines()
     assert lines[0] == "export OPENAI_BASE_URL=http://127.0.0.1:8788/v1"
     assert "export OPENAI_MODEL=stub-model" in lines
+
+
+def test_an_agents_one_shot_side_query_makes_no_session(running) -> None:  # type: ignore[no-untyped-def]
+    proxy, stub, script, d = running
+    schema_tool = {"type": "function", "function": {
+        "name": "respond_in_schema", "description": "answer as JSON",
+        "parameters": {"type": "object", "properties": {"answer": {"type": "string"}}}}}
+    before = {s["session_id"] for s in d.call("session.list", {})["sessions"]}
+    script.replies.append(Reply(content="", tool_calls=[{
+        "id": "c1", "type": "function",
+        "function": {"name": "respond_in_schema", "arguments": '{"answer": "yes"}'}}]))
+    n = len(forwarded(stub))
+    r = _ask(proxy, [{"role": "system", "content": CLIENT_SYSTEM},
+                     {"role": "user", "content": "Is the user's request complete?"}],
+             tools=[schema_tool],
+             tool_choice={"type": "function", "function": {"name": "respond_in_schema"}})
+    assert r.choices[0].message.tool_calls[0].function.name == "respond_in_schema"
+    assert len(forwarded(stub)) == n + 1 and forwarded(stub)[-1]["max_tokens"] < WINDOW
+    after = {s["session_id"] for s in d.call("session.list", {})["sessions"]}
+    assert after == before  # folded: no session of its own

@@ -103,3 +103,17 @@ def test_no_daemon(spawn) -> None:  # type: ignore[no-untyped-def]
     assert j["socket"]["status"] == "problem" and "no daemon answers" in j["socket"]["summary"]
     assert "inotify" in j and "model" not in j
     assert not d.socket.exists()  # doctor never starts the daemon it examines
+
+
+def test_a_slow_endpoint_is_slow_not_refused_and_a_one_slot_server_is_named(spawn) -> None:  # type: ignore[no-untyped-def]
+    # every answer takes 3 s; the probe deadline comes from model.timeout_s (1 s here)
+    with ScriptedOpenAI(default=Reply(content='{"ok": true}', delay_s=3), props=True) as stub:
+        d: SpawnedDaemon = spawn(env={"OPENAI_BASE_URL": stub.base_url,
+                                      "OPENAI_MODEL": "stub-model", "OPENAI_API_KEY": "k",
+                                      "QWENCTXD_MODEL_TIMEOUT_S": "1"}).start()
+        j = checks(qwenctl(d, "doctor", "--json").stdout)
+        model = j["model"]
+        assert model["status"] == "warn", model
+        assert "slow" in model["summary"] and "refused" not in model["summary"]
+        assert "within 1 s" in model["summary"]
+        assert model["details"]["slots"] == 1

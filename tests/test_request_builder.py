@@ -47,8 +47,11 @@ def test_the_strict_payload_check_rejects_what_real_servers_reject() -> None:
     assert validate_payload(ok) == []
     null = {**ok, "messages": [{"role": "assistant", "content": None, "tool_calls": []}]}
     assert any("null" in p for p in validate_payload(null))
-    tools = {**ok, "tools": [{"type": "function", "function": {"name": "f"}}]}
+    tools = {**ok, "tools": [{"type": "function", "function": {
+        "name": "f", "parameters": {"type": "object", "properties": {}}}}]}
     assert validate_payload(tools) == ["tools sent without tool_choice"]
+    bare = {**ok, "tool_choice": "auto", "tools": [{"type": "function", "function": {"name": "f"}}]}
+    assert validate_payload(bare) == ["tools[0].function has no parameters object"]
     assert validate_payload({**ok, "max_tokens": None}) == ["max_tokens is missing"]
     assert any("exceeds" in p for p in validate_payload({**ok, "max_tokens": 9_000},
                                                         context_window=8_192))

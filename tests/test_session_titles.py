@@ -34,3 +34,14 @@ def test_manual_title_rules() -> None:
         manual_title("y" * (MAX_TITLE_CHARS + 1))
     assert long_.value.data["field"] == "title" and "limit" in str(long_.value)
     assert manual_title("y" * MAX_TITLE_CHARS) == "y" * MAX_TITLE_CHARS
+
+
+def test_reminder_text_is_never_a_title() -> None:
+    from qwenctxd.sessions.titles import auto_title
+
+    wrapped = ("<system-reminder>\nThis is the Qwen Code. We are setting up the context.\n"
+               "</system-reminder>\n\nFix the flaky ARM test")
+    assert auto_title(wrapped) == "Fix the flaky ARM test"
+    assert auto_title("<system-reminder>\nonly context\n</system-reminder>") is None
+    assert auto_title("<system-reminder>cut off, never closed") is None
+    assert auto_title("Deploy <system-reminder>x</system-reminder> today") == "Deploy today"

@@ -9,7 +9,8 @@ from what real servers reject (reference/real-endpoints.md):
   (llama.cpp answers HTTP 500 to null, its chat template crashes when the key is missing);
 * content part lists made only of text become one plain string (llama.cpp's template turns a
   list into a Python repr);
-* ``tool_choice: "auto"`` whenever tools are sent (llama.cpp hides tools without it);
+* ``tool_choice: "auto"`` whenever tools are sent (llama.cpp hides tools without it), and every
+  function declared with ``parameters`` (llama.cpp's chat templates answer HTTP 500 without);
 * ``max_tokens`` always set, sized to the model's context: the configured window minus the
   prompt estimate and a safety margin, capped by the feature's own output limit (vLLM refuses
   prompt + max_tokens over the context with HTTP 400);
@@ -91,6 +92,19 @@ PROFILE_QUIRKS: Final[dict[str, frozenset[str]]] = {
     "dashscope": frozenset(),
     "openai": frozenset(),
 }
+
+
+def with_parameters(tools: Sequence[Mapping[str, Any]]) -> list[Any]:
+    """``tools`` with each function that declares no ``parameters`` given the empty object
+    schema (the same meaning, and what strict servers need)."""
+    out: list[Any] = []
+    for tool in tools:
+        fn = tool.get("function") if isinstance(tool, Mapping) else None
+        if isinstance(fn, Mapping) and not isinstance(fn.get("parameters"), Mapping):
+            tool = {**tool, "function": {**fn, "parameters": {"type": "object",
+                                                              "properties": {}}}}
+        out.append(tool)
+    return out
 
 
 class PromptTooLong(ValueError):
@@ -205,7 +219,7 @@ def build_payload(
     if temperature is not None:
         kwargs["temperature"] = temperature
     if tools:
-        kwargs["tools"] = list(tools)
+        kwargs["tools"] = with_parameters(tools)
         kwargs["tool_choice"] = tool_choice if tool_choice is not None else "auto"
     body = thinking_knobs(profile, thinking)
     if extra_body:

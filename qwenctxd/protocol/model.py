@@ -11,7 +11,8 @@ from qwenctxd.protocol.daemon import Params
 
 
 class ProbeParams(Params):
-    timeout_s: Annotated[float, Meta(gt=0, le=120)] = 10.0
+    # per request shape; default: the endpoint's model.timeout_s (capped at 120 s)
+    timeout_s: Annotated[float, Meta(gt=0, le=120)] | None = None
 
 
 class ProbeShape(msgspec.Struct, kw_only=True):

@@ -19,8 +19,17 @@ MAX_TITLE_CHARS = 200
 _SPACE = re.compile(r"\s+")
 
 
+#: a whole reminder block, or an unclosed one running to the end (a cut-off message)
+_REMINDER = re.compile(r"<system-reminder>.*?(?:</system-reminder>|\Z)", re.S | re.I)
+
+
 def auto_title(text: str, limit: int = AUTO_TITLE_CHARS) -> str | None:
-    """The title a session gets from its first user message, or None for a blank message."""
+    """The title a session gets from its first user message, or None for a blank message.
+
+    Text inside ``<system-reminder>`` blocks (what an agent such as Qwen Code prepends to the
+    user's words: the environment, reminders) is never a title; a message that is nothing but
+    such blocks gives none (a later user message may)."""
+    text = _REMINDER.sub(" ", text)
     line = next((ln for ln in text.splitlines() if ln.strip()), "")
     title = _SPACE.sub(" ", line).strip()
     if not title:

@@ -44,8 +44,8 @@ WATCH_WARN_FRACTION = 0.8
 def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     d = sub.add_parser("doctor", parents=[common],
                        help="check socket, service, config, model endpoint, inotify limits and memory modes")
-    d.add_argument("--probe-timeout", type=float, default=10.0,
-                   help="seconds per model request shape (default 10)")
+    d.add_argument("--probe-timeout", type=float, default=None,
+                   help="seconds per model request shape (default: model.timeout_s)")
     d.add_argument("--fix-modes", action="store_true",
                    help="make memory files 0600 and memory folders 0700 (removes group and "
                         "other permissions)")
@@ -116,7 +116,8 @@ def check_config(st: dict[str, Any]) -> dict[str, Any]:
 
 
 def check_model(ctx: Ctx) -> dict[str, Any]:
-    p = ctx.call(methods.MODEL_PROBE, {"timeout_s": ctx.args.probe_timeout}, autostart=False)
+    params = {} if ctx.args.probe_timeout is None else {"timeout_s": ctx.args.probe_timeout}
+    p = ctx.call(methods.MODEL_PROBE, params, autostart=False)
     src = p.get("sources") or {}
     details = {k: p.get(k) for k in ("base_url", "model", "fast_model", "api_key_set",
                                      "reachable", "models")}
@@ -130,10 +131,20 @@ def check_model(ctx: Ctx) -> dict[str, Any]:
                       "[model] base_url/model/api_key in config.toml", **details)
     shapes = {s["shape"]: s for s in p.get("shapes") or []}
     accepted = [k for k, s in shapes.items() if s["status"] == "ok"]
-    refused = [f"{k} ({s['reason']})" for k, s in shapes.items() if s["status"] == "failed"]
+    failed = {k: s for k, s in shapes.items() if s["status"] == "failed"}
+    # a shape that timed out was not refused: the server is slow or busy (a local model
+    # answering someone else), which is worded apart from a real refusal
+    slow = [f"{k} ({round(s['ms'] / 1000, 1):g} s)" for k, s in failed.items()
+            if s["reason"] == "timeout"]
+    refused = [f"{k} ({s['reason']})" for k, s in failed.items() if s["reason"] != "timeout"]
     where = f"{p['base_url']} model {p['model']}"
+    details["slots"] = _local_slots(p.get("base_url"))
     if not p["reachable"]:
         chat = shapes.get("chat") or {}
+        if chat.get("reason") == "timeout":
+            return _check("model", "warn", f"endpoint slow: {where} did not answer within "
+                          f"{round((chat.get('ms') or 0) / 1000, 1):g} s (busy, or a slow local model; "
+                          "raise --probe-timeout or model.timeout_s)", **details)
         return _check("model", "problem", f"endpoint broken: {where} did not answer "
                       f"({chat.get('reason') or 'unknown'})", **details)
     chat_ok = (shapes.get("chat") or {}).get("status") == "ok"
@@ -143,11 +154,44 @@ def check_model(ctx: Ctx) -> dict[str, Any]:
     summary = f"{where} answers; accepted: {', '.join(accepted) or 'none'}"
     if refused:
         summary += f"; refused: {', '.join(refused)}"
-    if not chat_ok:
+    if slow:
+        summary += f"; slow (no answer in time): {', '.join(slow)}"
+    if details["slots"] == 1:
+        summary += ("; a one-slot local server: an agent that uses it too waits behind the "
+                    "daemon's side queries, so those yield to the agent's own requests and the "
+                    "per-turn recall selector stays off for it (memory.recallSelector)")
+    chat_slow = (failed.get("chat") or {}).get("reason") == "timeout"
+    if chat_slow:
+        status = "warn"
+        summary += (f"; chat completions did not answer within "
+                    f"{round(shapes['chat']['ms'] / 1000, 1):g} s "
+                    "(busy, or a slow local model; raise --probe-timeout or model.timeout_s)")
+    elif not chat_ok:
         summary += "; plain chat completions fail, so side queries will too"
     elif not json_ok:
         summary += "; no JSON output shape works, so recall and extraction cannot run"
     return _check("model", status, summary, **details)
+
+
+def _local_slots(base_url: str | None) -> int | None:
+    """How many requests a local llama.cpp server runs at once (``/props`` total_slots), or
+    None when the endpoint is not on this machine or does not say."""
+    from urllib.parse import urlsplit
+
+    import httpx2 as httpx
+
+    if not base_url:
+        return None
+    parts = urlsplit(base_url)
+    if parts.hostname not in ("localhost", "127.0.0.1", "::1"):
+        return None
+    root = base_url.rstrip("/").removesuffix("/v1")
+    try:
+        r = httpx.get(root + "/props", timeout=2.0)
+        slots = r.json().get("total_slots") if r.status_code == 200 else None
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return None
+    return slots if isinstance(slots, int) else None
 
 
 def check_inotify(st: dict[str, Any] | None) -> dict[str, Any]:

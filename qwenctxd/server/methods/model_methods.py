@@ -19,7 +19,8 @@ def register(daemon: Daemon) -> None:
         from qwenctxd.config.sources import model_sources
         from qwenctxd.model.probe import probe as run_probe
 
-        r = await run_probe(daemon.model.endpoint, timeout_s=p.timeout_s)
+        ep = daemon.model.endpoint
+        r = await run_probe(ep, timeout_s=p.timeout_s or min(ep.timeout_s, 120.0))
         return wire.ProbeResult(
             configured=r.configured, base_url=r.base_url, model=r.model,
             fast_model=r.fast_model, api_key_set=r.api_key_set, reachable=r.reachable,

@@ -150,6 +150,34 @@ class Proxy:
         return ChatExchange(self, key, cwd, model, body, conv, normalize_tools(tools))
 
 
+class _NoSession:
+    """The state of a side query's exchange: no daemon session, nothing recorded."""
+
+    session_id = None
+
+
+NO_SESSION = _NoSession()
+
+
+def is_side_query(body: dict[str, Any], conv: Any) -> bool:
+    """An agent's one-shot side query rather than a turn of its conversation: a single user
+    message that asks for structured output — a ``tool_choice`` forcing one function (Qwen
+    Code's ``respond_in_schema``) or a JSON ``response_format`` with no tools. A chat that
+    merely starts with one message (tools offered, the model free to answer) is a
+    conversation."""
+    if len(conv.dialogue) != 1 or conv.dialogue[0].get("role") != "user":
+        return False
+    choice = body.get("tool_choice")
+    if isinstance(choice, dict) and choice.get("type") == "function":
+        return True
+    tools = body.get("tools") or []
+    if choice == "required" and len(tools) == 1:
+        return True
+    fmt = body.get("response_format")
+    return not tools and isinstance(fmt, dict) and fmt.get("type") in ("json_schema",
+                                                                        "json_object")
+
+
 def session_key(header: str) -> str:
     import uuid
 
@@ -176,8 +204,11 @@ class ChatExchange(Response):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         sm = self.proxy.sessions
-        st = sm.state(self.key)
         window, _source = await self.proxy.windows.window(self.model)
+        if is_side_query(self.body, self.conv):
+            await self._side_query(window, scope, receive, send)
+            return
+        st = sm.state(self.key)
         async with st.lock:
             try:
                 sm.open_params = self._open_params(window)
@@ -214,6 +245,20 @@ class ChatExchange(Response):
                 log.info("proxy trimmed history to fit", session=st.session_id,
                          dropped=fitted.dropped_messages, window=window)
             await self._forward(st, out, scope, receive, send)
+
+    async def _side_query(self, window: int | None, scope: Scope, receive: Receive,
+                          send: Send) -> None:
+        """An agent's own one-shot side query (see :func:`is_side_query`): fitted and
+        forwarded as it is, recorded in no session, so it does not clutter ``sessions``."""
+        out = dict(self.body)
+        if self.tools is not None:
+            out["tools"] = self.tools
+        try:
+            fit_request(out, window)
+        except DoesNotFit as exc:
+            await JSONResponse(exc.body(), status_code=400)(scope, receive, send)
+            return
+        await self._forward(NO_SESSION, out, scope, receive, send)
 
     def _open_params(self, window: int | None) -> dict[str, Any]:
         """What every ``session.open`` of this exchange adds: the upstream (the daemon's side
@@ -334,6 +379,8 @@ class ChatExchange(Response):
                      bytes=acc.bytes)
 
     async def _record(self, st: Any, msg: dict[str, Any], usage: dict[str, int] | None) -> None:
+        if st is NO_SESSION:
+            return
         try:
             await self.proxy.sessions.record(st, msg, usage)
         except (ClientError, OSError) as exc:

@@ -1,0 +1,149 @@
+"""A local model, end to end (issue 29): the real Qwen Code → ``qwenctl proxy`` → the real
+llama.cpp server, with the daemon's side queries on that same one-slot server — the README's
+"A local model" set-up.
+
+Qwen Code declares tools without ``parameters`` (llama.cpp answers HTTP 500 to them), asks for
+``max_tokens: 32000`` and sends a ~17k-token prompt; through the proxy ``qwen -p`` answers
+with no upstream error, every forwarded request fits the server's window, the conversation is
+recorded as one session (Qwen Code's own one-shot side query is folded, its title is the
+user's words, not a ``<system-reminder>``), and a memory marker from the project reaches the
+model. A small recording relay between the proxy and llama.cpp keeps every forwarded body."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import threading
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from qwenctxd.testing.spawn import SpawnedDaemon
+from tests.e2e.llama_server import LlamaServer
+from tests.e2e.qwen_cli import QwenCli
+from tests.proxy_harness import RunningProxy, project
+
+pytestmark = pytest.mark.real_qwen
+
+#: large enough for Qwen Code's own prompt (~17k tokens) with room for an answer
+N_CTX = 24_576
+MARKER = "the deploy gate is called BLUEHERON"
+
+
+class Relay:
+    """A loopback HTTP relay that records each POST body and passes the answer through
+    unchanged (SSE chunk by chunk)."""
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = upstream.rstrip("/")
+        self.bodies: list[dict[str, Any]] = []
+        relay = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *a: Any) -> None:  # quiet
+                pass
+
+            def _pass(self, method: str) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                raw = self.rfile.read(length) if length else None
+                if raw:
+                    try:
+                        relay.bodies.append(json.loads(raw))
+                    except ValueError:
+                        pass
+                path = self.path[len("/v1"):] if self.path.startswith("/v1") else self.path
+                req = urllib.request.Request(relay.upstream + path, data=raw, method=method,
+                                             headers={"Content-Type": "application/json"})
+                try:
+                    resp = urllib.request.urlopen(req, timeout=600)  # noqa: S310
+                except urllib.error.HTTPError as exc:
+                    resp = exc
+                body_iter = iter(lambda: resp.read1(65536), b"")
+                self.send_response(resp.status if hasattr(resp, "status") else resp.code)
+                self.send_header("Content-Type", resp.headers.get("Content-Type",
+                                                                  "application/json"))
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                for chunk in body_iter:
+                    self.wfile.write(f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")
+                    self.wfile.flush()
+                self.wfile.write(b"0\r\n\r\n")
+
+            def do_GET(self) -> None:
+                self._pass("GET")
+
+            def do_POST(self) -> None:
+                self._pass("POST")
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+
+    def __enter__(self) -> Relay:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def local_model(tmp_path: Path) -> Iterator[LlamaServer]:
+    with LlamaServer(tmp_path / "llama.log", n_ctx=N_CTX) as server:
+        yield server
+
+
+def test_qwen_code_on_a_local_model_through_the_proxy(
+        spawn: type[SpawnedDaemon], local_model: LlamaServer, tmp_path: Path) -> None:
+    with Relay(local_model.base_url) as relay:
+        # the daemon's side queries go to the same one-slot server (the obvious laptop set-up)
+        d = spawn(env={"OPENAI_BASE_URL": local_model.base_url, "OPENAI_API_KEY": "none",
+                       "OPENAI_MODEL": "smollm2"})
+        toml = d.home / ".config" / "qwenctxd" / "config.toml"
+        toml.parent.mkdir(parents=True)
+        toml.write_text(f'[model]\nprofile = "llamacpp"\ncontext_window = {N_CTX}\n')
+        d.start()
+        proj = project(d.root, "proj", "Keep answers short.\n")
+        (proj / ".git").mkdir()
+        d.call("memory.save", {"cwd": str(proj), "type": "project", "name": "deploy gate",
+                               "description": MARKER, "body": f"Before a release: {MARKER}."})
+        proxy = RunningProxy(d, relay.base_url, proj)
+        try:
+            home = tmp_path / "qhome"
+            (home / ".qwen").mkdir(parents=True)
+            # the daemon does the memory work; Qwen Code's own extraction agent is off
+            (home / ".qwen" / "settings.json").write_text(json.dumps(
+                {"memory": {"enableManagedAutoMemory": False}}))
+            cli = QwenCli(home=home, cwd=proj, base_url=proxy.base_url, api_key=proxy.key,
+                          model="smollm2")
+            proc = cli.run(prompt="What is the deploy gate called? One short sentence.",
+                           timeout=600)
+            proxy_log = proxy.log_text()
+            d.call("daemon.drain", {"timeout_s": 60})
+        finally:
+            proxy.stop()
+    assert proc.returncode == 0, (proc.stdout, proc.stderr, proxy_log[-3000:])
+    assert proc.stdout.strip(), (proc.stdout, proc.stderr)
+    assert not local_model.rejected(), (local_model.rejected(), local_model.log_text()[-3000:])
+    main = [b for b in relay.bodies if any(
+        (t.get("function") or {}).get("name") == "skill" for t in b.get("tools") or [])]
+    assert main, [list(b) for b in relay.bodies]
+    for body in main:
+        # every declared function has parameters; max_tokens was capped to what is left
+        assert all(isinstance(t["function"].get("parameters"), dict) for t in body["tools"])
+        assert body["max_tokens"] < N_CTX
+    system = main[0]["messages"][0]["content"]
+    assert system.startswith("You are Qwen Code")
+    assert MARKER in json.dumps(main[0]["messages"])  # the memory index or the recall reminder
+    sessions = d.call("session.list", {"cwd": str(proj)})["sessions"]
+    assert len(sessions) == 1, sessions
+    assert not (sessions[0].get("title") or "").startswith("<system-reminder>"), sessions
