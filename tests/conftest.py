@@ -63,6 +63,9 @@ def _nothing_left_outside_tmp() -> Iterator[None]:
     watches = leaks.default_watches(REAL_HOME, lambda: set(spawn_mod.CREATED_ROOTS))
     before = leaks.snapshot(watches)
     yield
+    # the harness's own scratch trees: a daemon a test restarted on one (or a client's
+    # autostart) may outlive the test's cleanup; reap it and remove the tree before judging
+    spawn_mod.remove_leftover_roots()
     left = leaks.leaks(before, watches)
     if left:
         pytest.fail(f"the test run left files outside its tmp dirs: {left}", pytrace=False)

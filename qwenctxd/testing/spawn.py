@@ -167,9 +167,17 @@ class SpawnedDaemon:
                 self._reap_strays()
                 shutil.rmtree(self.root, ignore_errors=True)
 
+    @staticmethod
+    def reap_home(home: Path) -> None:
+        """SIGKILL every process (not this one) whose environment has HOME=``home``."""
+        SpawnedDaemon._reap_env(f"HOME={home}".encode())
+
     def _reap_strays(self) -> None:
         """SIGKILL every process (not this one) whose environment has this tree's HOME."""
-        marker = f"HOME={self.home}".encode()
+        self._reap_env(f"HOME={self.home}".encode())
+
+    @staticmethod
+    def _reap_env(marker: bytes) -> None:
         pids = []
         for entry in os.listdir("/proc"):
             if not entry.isdigit() or int(entry) == os.getpid():
@@ -224,3 +232,12 @@ class SpawnedDaemon:
             return self.log_path.read_text(errors="replace")
         except FileNotFoundError:
             return ""
+
+
+def remove_leftover_roots() -> None:
+    """Remove the scratch trees SpawnedDaemons of this process made that are still on disk
+    (after stopping whatever still runs with their HOME); the end of a test session calls it."""
+    for root in list(CREATED_ROOTS):
+        if root.exists():
+            SpawnedDaemon.reap_home(root / "home")
+            shutil.rmtree(root, ignore_errors=True)
