@@ -145,5 +145,7 @@ def test_qwen_code_on_a_local_model_through_the_proxy(
     assert system.startswith("You are Qwen Code")
     assert MARKER in json.dumps(main[0]["messages"])  # the memory index or the recall reminder
     sessions = d.call("session.list", {"cwd": str(proj)})["sessions"]
-    assert len(sessions) == 1, sessions
+    why = [(s.get("title"), s.get("messages")) for s in sessions], [
+        ln for ln in proxy_log.splitlines() if "diverged" in ln or "side" in ln][:5]
+    assert len(sessions) == 1, why
     assert not (sessions[0].get("title") or "").startswith("<system-reminder>"), sessions
