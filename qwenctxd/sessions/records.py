@@ -30,6 +30,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from qwenctxd.compaction.summary import join_content
 from qwenctxd.fsutil import open_regular
 from qwenctxd.paths import chats_dir
 from qwenctxd.sessions import gemini_format
@@ -46,6 +47,9 @@ SUBTYPE_TITLE = "custom_title"
 SUBTYPE_OPTIONS = "session_options"
 # a rewind: like a checkpoint, ``compressedHistory`` is the whole history that remains
 SUBTYPE_REWIND = "rewind"
+# a ``user`` record whose parts join the user message before it (Qwen Code's own subtype for
+# a message typed mid-turn; the daemon's for a user turn merged into an unanswered one)
+SUBTYPE_MID_TURN = "mid_turn_user_message"
 
 
 class ChatRecord(msgspec.Struct, omit_defaults=True, kw_only=True):
@@ -175,6 +179,12 @@ def read_records(path: str | os.PathLike[str]) -> ReadResult:
     return ReadResult(records, torn)
 
 
+def merged_user(before: dict[str, Any], delta: dict[str, Any]) -> dict[str, Any]:
+    """The user message a ``mid_turn_user_message`` record's ``delta`` makes of the user message
+    ``before`` it: the contents joined, as the live session joined them."""
+    return {"role": "user", "content": join_content(before.get("content"), delta.get("content"))}
+
+
 class _ResumeRec(msgspec.Struct, kw_only=True):
     type: RecordType
     uuid: str = ""
@@ -194,7 +204,9 @@ _PAYLOAD_DEC = msgspec.json.Decoder(dict[str, Any] | None)
 def resume(path: str | os.PathLike[str]) -> ResumeState:
     """Rebuild the API history: the latest checkpoint's compressed history + every later message.
 
-    Without a checkpoint, every non-system record's message in file order. Streams the file;
+    Without a checkpoint, every non-system record's message in file order; a
+    ``mid_turn_user_message`` record joins the user message before it (:func:`merged_user`), as
+    Qwen Code's resume appends its parts to the previous user Content. Streams the file;
     messages collected before a checkpoint are dropped when it is met. Contents (Qwen Code's
     format) come back as OpenAI messages; OpenAI-shaped payloads of older files as they are.
     """
@@ -202,7 +214,6 @@ def resume(path: str | os.PathLike[str]) -> ResumeState:
     decode = dec.decode
     payload_decode = _PAYLOAD_DEC.decode
     messages: list[dict[str, Any]] = []
-    append = messages.append
     torn: list[TornLine] = []
     records = 0
     checkpoint_uuid = last_model = title = started_at = cwd = None
@@ -232,7 +243,6 @@ def resume(path: str | os.PathLike[str]) -> ResumeState:
                     hist = payload.get("compressedHistory") if payload else None
                     if isinstance(hist, list):
                         messages = gemini_format.to_message_list(hist)
-                        append = messages.append
                         checkpoint_uuid = rec.uuid or None
                         last_usage = anchor = None
                 elif payload and isinstance(payload.get("customTitle"), str):
@@ -240,10 +250,12 @@ def resume(path: str | os.PathLike[str]) -> ResumeState:
         else:
             msg = rec.message
             if msg is not None:
-                if "parts" in msg:
-                    messages.extend(gemini_format.to_messages(msg))
+                got = gemini_format.to_messages(msg) if "parts" in msg else [msg]
+                if rec.subtype == SUBTYPE_MID_TURN and len(got) == 1 and messages \
+                        and messages[-1].get("role") == "user" == got[0].get("role"):
+                    messages[-1] = merged_user(messages[-1], got[0])
                 else:
-                    append(msg)
+                    messages.extend(got)
             usage = rec.usage if rec.usageMetadata is None else \
                 gemini_format.to_openai_usage(rec.usageMetadata)
             if rec.type == "assistant" and usage is not None:
