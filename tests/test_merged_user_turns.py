@@ -68,6 +68,12 @@ def test_merged_turns_are_deltas_and_resume_to_the_live_message(spawn: type[Spaw
     user_entries = [e for e in tr["entries"] if e["role"] == "user"]
     assert len(user_entries) == 1 and user_entries[0]["text"] == text_of(merged)
 
+    # session.list counts the merged message once, as resume does
+    with d.client() as c:
+        [row] = [r for r in c.call("session.list", {"cwd": str(repo)})["sessions"]
+                 if r["session_id"] == sid]
+    assert row["messages"] == 1
+
     # a new daemon resumes exactly the merged message; the next merge joins it the same way
     d.kill9()
     again = spawn(root=d.root)

@@ -325,7 +325,8 @@ def scan_summary(path: str | os.PathLike[str]) -> SessionSummary:
                     continue
                 if payload and isinstance(payload.get("customTitle"), str):
                     title = payload["customTitle"] or None
-        elif rec.message and not (len(rec.message) == 4 and bytes(rec.message) == b"null"):
+        elif rec.message and not (len(rec.message) == 4 and bytes(rec.message) == b"null") \
+                and rec.subtype != SUBTYPE_MID_TURN:  # a delta joins the message before it
             count += 1
     return SessionSummary(
         session_id=p.stem,
