@@ -125,7 +125,7 @@ def test_round_trip_through_contents_is_lossless(history: list[dict[str, Any]]) 
 
 
 def test_display_text_hides_reminders_from_qwen_codes_session_list(tmp_path: Any) -> None:
-    from qwenctxd.sessions.records import JsonlWriter
+    from qwenctxd.sessions.jsonl_writer import JsonlWriter
 
     path = tmp_path / "0b7f0f53-8a34-4d56-9f5a-6c1d8b0d9e01.jsonl"
     with JsonlWriter(path, fsync="never") as w:

@@ -11,7 +11,8 @@ import pytest
 from qwenctxd.paths import project_slug
 from qwenctxd.sessions import records as rec
 from qwenctxd.sessions.index import SessionIndex, default_projects_root
-from qwenctxd.sessions.records import ChatRecord, JsonlWriter, scan_summary
+from qwenctxd.sessions.jsonl_writer import JsonlWriter
+from qwenctxd.sessions.records import ChatRecord, scan_summary
 
 IDS = [f"{i:08x}-0000-4000-8000-{i:012x}" for i in range(1, 7)]
 

@@ -14,7 +14,8 @@ import msgspec
 import pytest
 
 from qwenctxd.sessions import records as rec
-from qwenctxd.sessions.records import ChatRecord, JsonlWriter, read_records, resume, scan_summary
+from qwenctxd.sessions.jsonl_writer import JsonlWriter
+from qwenctxd.sessions.records import ChatRecord, read_records, resume, scan_summary
 
 SID = "0b6c1f3e-8d2a-4c53-9a57-3f1e2d4c5b6a"
 
@@ -290,7 +291,7 @@ def test_bad_fsync_policy(path: Path) -> None:
 _CHILD = textwrap.dedent(
     """
     import sys
-    from qwenctxd.sessions.records import JsonlWriter
+    from qwenctxd.sessions.jsonl_writer import JsonlWriter
     w = JsonlWriter(sys.argv[1], fsync="never")
     big = "x" * 200_000
     i = 0

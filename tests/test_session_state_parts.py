@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from qwenctxd.compaction.estimate import message_tokens
 from qwenctxd.compaction.micro import tool_result_chars
-from qwenctxd.sessions.records import JsonlWriter
+from qwenctxd.sessions.jsonl_writer import JsonlWriter
 from qwenctxd.sessions.state import REASONING_KEYS, History, Session, SessionOptions
 
 TEXT = st.text(min_size=0, max_size=40)

@@ -31,7 +31,7 @@ from qwenctxd.model import ModelClient
 from qwenctxd.paths import runtime_base_dir
 from qwenctxd.protocol import errors
 from qwenctxd.protocol import session as wire
-from qwenctxd.sessions import records, titles
+from qwenctxd.sessions import jsonl_writer, records, titles
 from qwenctxd.sessions.index import SessionIndex
 from qwenctxd.sessions.state import History, Session, SessionOptions
 from qwenctxd.sessions.window import session_window
@@ -157,7 +157,7 @@ class SessionManager:
             path=path, model_base_url=p.model_base_url,
             # fsync happens in a background job (at most once a second), never on the turn path;
             # close() still fsyncs
-            writer=records.JsonlWriter(path, fsync="interval", fsync_interval=float("inf")),
+            writer=jsonl_writer.JsonlWriter(path, fsync="interval", fsync_interval=float("inf")),
             history=History(image_tokens=int(self._environ.get("QWEN_IMAGE_TOKEN_ESTIMATE", 0))
                             or settings.model.chat_compression.image_token_estimate),
         )
@@ -313,7 +313,7 @@ class SessionManager:
                                          data={"session_id": session_id})
 
         def append() -> records.SessionSummary:
-            writer = records.JsonlWriter(path, session_id=session_id, version=__version__,
+            writer = jsonl_writer.JsonlWriter(path, session_id=session_id, version=__version__,
                                          fsync="always")
             try:
                 writer.append_title(title, source="manual")
@@ -479,7 +479,7 @@ def _agent(v: Any) -> dict[str, Any] | None:
     return dict(v) if isinstance(v, dict) and isinstance(v.get("name"), str) else None
 
 
-def _fsync(writer: records.JsonlWriter) -> None:
+def _fsync(writer: jsonl_writer.JsonlWriter) -> None:
     try:
         writer.sync()
     except (OSError, ValueError):  # closed meanwhile: close() fsynced it

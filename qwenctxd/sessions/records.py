@@ -9,13 +9,9 @@ carries the compressed history (Contents) in ``systemPayload["compressedHistory"
 gets OpenAI messages back from :func:`resume`; ``sessions.gemini_format`` converts at this
 boundary. Files written before (OpenAI-shaped ``message``, ``usage``) still resume.
 
-Writing (:class:`JsonlWriter`): msgspec-encoded, one ``write`` of the whole line per record on an
-``O_APPEND`` descriptor (so the line reaches the kernel at once — "flushed per record"), fsync per
-policy. A torn tail left by a crash is closed with ``"\\n"`` before the next append, so the torn
-line stays isolated and readers skip it. The file may be shared with a running Qwen Code: a
-record is appended only when ``sessions.shared_file.append_state`` says no other writer is
-mid-record; until then it waits in the writer's queue (written in the background on the event
-loop, or at :meth:`JsonlWriter.close`), never dropped and never written into another's line.
+Writing is ``sessions.jsonl_writer`` (:class:`~qwenctxd.sessions.jsonl_writer.JsonlWriter`:
+whole lines only, never into another writer's record); this module holds the record types, the
+paths and the reading side.
 
 Reading (:func:`read_records`, :func:`resume`, :func:`scan_summary`): streamed line by line with
 typed msgspec decoders; a line that does not decode is reported as a :class:`TornLine`, never
@@ -24,10 +20,8 @@ raised. Unknown fields are ignored, so files written by later versions still rea
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
-import time
 import uuid as _uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -36,9 +30,10 @@ from typing import Any, Literal
 
 import msgspec
 
+from qwenctxd.compaction.summary import join_content
 from qwenctxd.fsutil import open_regular
 from qwenctxd.paths import chats_dir
-from qwenctxd.sessions import gemini_format, shared_file
+from qwenctxd.sessions import gemini_format
 
 RecordType = Literal["user", "assistant", "tool_result", "system"]
 FsyncPolicy = Literal["never", "always", "interval"]
@@ -52,14 +47,17 @@ SUBTYPE_TITLE = "custom_title"
 SUBTYPE_OPTIONS = "session_options"
 # a rewind: like a checkpoint, ``compressedHistory`` is the whole history that remains
 SUBTYPE_REWIND = "rewind"
+# a ``user`` record whose parts join the user message before it (Qwen Code's own subtype for
+# a message typed mid-turn; the daemon's for a user turn merged into an unanswered one)
+SUBTYPE_MID_TURN = "mid_turn_user_message"
 
 
 class ChatRecord(msgspec.Struct, omit_defaults=True, kw_only=True):
     """One JSONL line. Field names follow Qwen Code's ChatRecord; ``message`` is a Content.
 
     Empty ``uuid``/``sessionId``/``timestamp``/``cwd``/``version`` are filled in by
-    :meth:`JsonlWriter.append`; a ``None`` ``parentUuid`` is chained to the previous record.
-    :meth:`JsonlWriter.append` also turns an OpenAI ``message`` into a Content and an OpenAI
+    :meth:`~qwenctxd.sessions.jsonl_writer.JsonlWriter.append`; a ``None`` ``parentUuid`` is chained to the previous record.
+    :meth:`~qwenctxd.sessions.jsonl_writer.JsonlWriter.append` also turns an OpenAI ``message`` into a Content and an OpenAI
     ``usage`` into ``usageMetadata``; ``usage`` is only read, from files written before.
     """
 
@@ -153,319 +151,6 @@ def now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-# -- writing --------------------------------------------------------------------------------------
-
-
-class _UuidOnly(msgspec.Struct):
-    type: RecordType
-    uuid: str = ""
-
-
-def _tail_uuid(fd: int, size: int) -> str | None:
-    """The uuid of the last decodable record, reading backwards from the end of the file."""
-    dec = msgspec.json.Decoder(_UuidOnly)
-    pos, block, carry = size, 64 * 1024, b""
-    while pos > 0:
-        start = max(0, pos - block)
-        buf = os.pread(fd, pos - start, start) + carry
-        pos = start
-        lines = buf.split(b"\n")
-        carry = lines.pop(0) if pos > 0 else b""
-        for line in reversed(lines):
-            if line.strip():
-                try:
-                    return dec.decode(line).uuid or None
-                except msgspec.DecodeError:
-                    continue
-        block = min(block * 2, 8 * 1024 * 1024)
-    return None
-
-
-class JsonlWriter:
-    """Appends ChatRecords to one session file; one writer per session, used from one task.
-
-    ``fsync``: ``"never"`` (page cache only), ``"always"`` (after every record) or
-    ``"interval"`` (at most every ``fsync_interval`` seconds, checked on append). Every policy
-    but ``"never"`` fsyncs on :meth:`close`. ``parent_uuid`` seeds the chain; by default it is
-    the uuid of the last good record already in the file (``None`` for a new file).
-    """
-
-    def __init__(
-        self,
-        path: str | os.PathLike[str],
-        *,
-        session_id: str | None = None,
-        cwd: str = "",
-        version: str = "",
-        fsync: FsyncPolicy = "interval",
-        fsync_interval: float = 1.0,
-        parent_uuid: str | None | msgspec.UnsetType = msgspec.UNSET,
-    ) -> None:
-        if fsync not in ("never", "always", "interval"):
-            raise ValueError(f"fsync policy must be never|always|interval, not {fsync!r}")
-        self.path = Path(path)
-        self.session_id = session_id or self.path.stem
-        self.cwd = cwd
-        self.version = version
-        self.fsync_policy: FsyncPolicy = fsync
-        self.fsync_interval = fsync_interval
-        self.records_written = 0
-        self._enc = msgspec.json.Encoder()
-        self._buf = bytearray()
-        self._dirty = False
-        self._last_sync = time.monotonic()
-        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        existed = self.path.exists()
-        flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
-        self._fd: int | None = os.open(self.path, flags, 0o600)
-        try:
-            size = os.fstat(self._fd).st_size
-            # lines waiting for the file to be safe to append to (shared_file.append_state)
-            self._queue: list[bytes] = []
-            self._watch = shared_file.TailWatch()
-            self._expected = size
-            self._drainer: Any = None
-            self.deferred_appends = 0
-            if size and os.pread(self._fd, 1, size - 1) != b"\n":
-                self._write(b"\n")  # close a torn tail so the next record starts a fresh line
-                self._expected = size + 1
-            if parent_uuid is msgspec.UNSET:
-                parent_uuid = _tail_uuid(self._fd, size) if size else None
-            self.last_uuid: str | None = parent_uuid
-            # tool-call id -> name, for the functionResponse of a later tool result
-            self.tool_names: dict[str, str] = {}
-            if not existed and fsync != "never":
-                self._fsync_dir()
-        except BaseException:
-            self.close()
-            raise
-
-    @property
-    def closed(self) -> bool:
-        return self._fd is None
-
-    def append(self, record: ChatRecord, *, chain: bool = True) -> ChatRecord:
-        """Write one record as a single line; returns it with uuid/timestamp/etc. filled in."""
-        if self._fd is None:
-            raise ValueError("JsonlWriter is closed")
-        updates: dict[str, Any] = {}
-        if not record.uuid:
-            updates["uuid"] = str(_uuid.uuid4())
-        if chain and record.parentUuid is None and self.last_uuid is not None:
-            updates["parentUuid"] = self.last_uuid
-        if not record.sessionId:
-            updates["sessionId"] = self.session_id
-        if not record.timestamp:
-            updates["timestamp"] = now_iso()
-        if not record.cwd and self.cwd:
-            updates["cwd"] = self.cwd
-        if not record.version and self.version:
-            updates["version"] = self.version
-        updates.update(self._in_qwen_format(record))
-        if updates:
-            record = msgspec.structs.replace(record, **updates)
-        buf = self._buf
-        self._enc.encode_into(record, buf)
-        buf.extend(b"\n")
-        line = bytes(buf)
-        del buf[:]
-        self.last_uuid = record.uuid
-        self.records_written += 1
-        self._queue.append(line)
-        if not self._flush_queue():
-            self._defer()
-        return record
-
-    @property
-    def pending(self) -> int:
-        """Records accepted but not yet written (another writer is mid-record)."""
-        return len(self._queue)
-
-    def _flush_queue(self, *, force: bool = False) -> bool:
-        """Write the queued lines if the file is safe to append to; True when none is left."""
-        fd = self._fd
-        if fd is None or not self._queue:
-            return not self._queue
-        state = shared_file.append_state(fd, self._expected, self._watch, time.monotonic())
-        if state == "wait" and not force:
-            return False
-        size = os.fstat(fd).st_size
-        lead = b""
-        if size != self._expected:
-            if not shared_file.ends_in_newline(fd, size):
-                lead = b"\n"  # a dead writer's torn tail (or forced at close)
-            self._rechain(fd)
-        data = lead + b"".join(self._queue)
-        # the last look right before the one write: nobody started a record meanwhile
-        if not force and (os.fstat(fd).st_size != size
-                          or (not lead and not shared_file.ends_in_newline(fd, size))):
-            return False
-        self._write(data)
-        self._queue.clear()
-        self._expected = os.lseek(fd, 0, os.SEEK_CUR)
-        self._dirty = True
-        if self.fsync_policy == "always":
-            self.sync()
-        elif self.fsync_policy == "interval":
-            if time.monotonic() - self._last_sync >= self.fsync_interval:
-                self.sync()
-        return True
-
-    def _rechain(self, fd: int) -> None:
-        """Another writer appended: chain the first queued line to the file's last record, so the
-        parentUuid chain stays one line of descent where it can (resume reads file order)."""
-        tail = _tail_uuid(fd, os.fstat(fd).st_size)
-        if tail is None or not self._queue:
-            return
-        try:
-            first = msgspec.json.decode(self._queue[0].rstrip(b"\n"), type=ChatRecord)
-        except msgspec.DecodeError:
-            return
-        if first.parentUuid is not None and first.parentUuid != tail:
-            first = msgspec.structs.replace(first, parentUuid=tail)
-            self._queue[0] = self._enc.encode(first) + b"\n"
-
-    def _defer(self) -> None:
-        """Another writer is mid-record: write the queue once the file is safe, in the
-        background on the running event loop (never blocking it), or here when there is none."""
-        import asyncio
-
-        self.deferred_appends += 1
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            loop = None
-        if loop is None:
-            self._wait_and_flush(None)
-            return
-        if self._drainer is None or self._drainer.done():
-            self._drainer = loop.create_task(self._drain())
-
-    async def _drain(self) -> None:
-        import asyncio
-
-        # polling a file's size: there is no event to wait on
-        while self._fd is not None and not self._flush_queue():  # noqa: ASYNC110
-            await asyncio.sleep(shared_file.POLL_S)
-
-    def _wait_and_flush(self, deadline_s: float | None) -> None:
-        """Block until the queue is written; past ``deadline_s`` write it anyway."""
-        start = time.monotonic()
-        while not self._flush_queue():
-            if deadline_s is not None and time.monotonic() - start >= deadline_s:
-                self._flush_queue(force=True)
-                return
-            time.sleep(shared_file.POLL_S)
-
-    def remember_tool_calls(self, messages: list[dict[str, Any]]) -> None:
-        """Learn the tool names of an existing history (OpenAI form), e.g. after a resume."""
-        gemini_format.learn_tool_names(messages, self.tool_names)
-
-    def _in_qwen_format(self, record: ChatRecord) -> dict[str, Any]:
-        """The field updates that turn an OpenAI-shaped record into Qwen Code's format."""
-        out: dict[str, Any] = {}
-        msg = record.message
-        if msg is not None and not gemini_format.is_gemini_content(msg):
-            out["message"] = gemini_format.to_content(msg, self.tool_names)
-            shown = gemini_format.display_text(msg)
-            if shown is not None and record.systemPayload is None:
-                out["systemPayload"] = {"displayText": shown}
-            if record.provenance is None:
-                role = msg.get("role")
-                out["provenance"] = {"user": "real_user", "assistant": "assistant_output",
-                                     "tool": "tool_result"}.get(str(role), "system")
-        if record.usage is not None:
-            out["usage"] = None
-            if record.usageMetadata is None:
-                out["usageMetadata"] = gemini_format.to_usage_metadata(record.usage)
-        payload = record.systemPayload
-        hist = payload.get("compressedHistory") if payload else None
-        if payload is not None and isinstance(hist, list) and any(
-                isinstance(m, dict) and not gemini_format.is_gemini_content(m) for m in hist):
-            names = dict(self.tool_names)
-            out["systemPayload"] = {**payload,
-                                    "compressedHistory": gemini_format.to_contents(hist, names)}
-        return out
-
-    def append_message(
-        self,
-        type: RecordType,
-        message: dict[str, Any],
-        *,
-        usage: dict[str, Any] | None = None,
-        model: str | None = None,
-        context_window_size: int | None = None,
-    ) -> ChatRecord:
-        return self.append(
-            ChatRecord(
-                type=type,
-                message=message,
-                usage=usage,
-                model=model,
-                contextWindowSize=context_window_size,
-            )
-        )
-
-    def append_system(self, subtype: str, payload: dict[str, Any]) -> ChatRecord:
-        return self.append(ChatRecord(type="system", subtype=subtype, systemPayload=payload))
-
-    def append_checkpoint(
-        self, compressed_history: list[dict[str, Any]], **payload: Any
-    ) -> ChatRecord:
-        """A ``chat_compression`` record; :func:`resume` restarts from the latest one."""
-        return self.append_system(
-            SUBTYPE_COMPRESSION, {**payload, "compressedHistory": compressed_history}
-        )
-
-    def append_title(self, title: str, *, source: str = "manual") -> ChatRecord:
-        return self.append_system(SUBTYPE_TITLE, {"customTitle": title, "titleSource": source})
-
-    def sync(self) -> None:
-        """fsync now (whatever the policy)."""
-        if self._fd is not None and self._dirty:
-            os.fsync(self._fd)
-            self._dirty = False
-        self._last_sync = time.monotonic()
-
-    def close(self, *, wait_s: float = 10.0) -> None:
-        """Write what is queued (waiting up to ``wait_s`` for another writer to finish its
-        record, then writing anyway: an acknowledged record is never dropped), then close."""
-        if self._fd is not None and self._queue:
-            self._wait_and_flush(wait_s)
-        if self._drainer is not None and not self._drainer.done():
-            self._drainer.cancel()
-        fd, self._fd = self._fd, None
-        if fd is None:
-            return
-        try:
-            if self._dirty and self.fsync_policy != "never":
-                os.fsync(fd)
-            self._dirty = False
-        finally:
-            os.close(fd)
-
-    def __enter__(self) -> JsonlWriter:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def _write(self, data: bytes | bytearray) -> None:
-        assert self._fd is not None
-        n = os.write(self._fd, data)
-        while n < len(data):  # a regular file takes the whole line at once; short writes are rare
-            data = bytes(data[n:])
-            n = os.write(self._fd, data)
-
-    def _fsync_dir(self) -> None:
-        with contextlib.suppress(OSError):
-            dfd = os.open(self.path.parent, os.O_RDONLY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
-
-
 # -- reading --------------------------------------------------------------------------------------
 
 
@@ -494,6 +179,12 @@ def read_records(path: str | os.PathLike[str]) -> ReadResult:
     return ReadResult(records, torn)
 
 
+def merged_user(before: dict[str, Any], delta: dict[str, Any]) -> dict[str, Any]:
+    """The user message a ``mid_turn_user_message`` record's ``delta`` makes of the user message
+    ``before`` it: the contents joined, as the live session joined them."""
+    return {"role": "user", "content": join_content(before.get("content"), delta.get("content"))}
+
+
 class _ResumeRec(msgspec.Struct, kw_only=True):
     type: RecordType
     uuid: str = ""
@@ -513,7 +204,9 @@ _PAYLOAD_DEC = msgspec.json.Decoder(dict[str, Any] | None)
 def resume(path: str | os.PathLike[str]) -> ResumeState:
     """Rebuild the API history: the latest checkpoint's compressed history + every later message.
 
-    Without a checkpoint, every non-system record's message in file order. Streams the file;
+    Without a checkpoint, every non-system record's message in file order; a
+    ``mid_turn_user_message`` record joins the user message before it (:func:`merged_user`), as
+    Qwen Code's resume appends its parts to the previous user Content. Streams the file;
     messages collected before a checkpoint are dropped when it is met. Contents (Qwen Code's
     format) come back as OpenAI messages; OpenAI-shaped payloads of older files as they are.
     """
@@ -521,7 +214,6 @@ def resume(path: str | os.PathLike[str]) -> ResumeState:
     decode = dec.decode
     payload_decode = _PAYLOAD_DEC.decode
     messages: list[dict[str, Any]] = []
-    append = messages.append
     torn: list[TornLine] = []
     records = 0
     checkpoint_uuid = last_model = title = started_at = cwd = None
@@ -551,7 +243,6 @@ def resume(path: str | os.PathLike[str]) -> ResumeState:
                     hist = payload.get("compressedHistory") if payload else None
                     if isinstance(hist, list):
                         messages = gemini_format.to_message_list(hist)
-                        append = messages.append
                         checkpoint_uuid = rec.uuid or None
                         last_usage = anchor = None
                 elif payload and isinstance(payload.get("customTitle"), str):
@@ -559,10 +250,12 @@ def resume(path: str | os.PathLike[str]) -> ResumeState:
         else:
             msg = rec.message
             if msg is not None:
-                if "parts" in msg:
-                    messages.extend(gemini_format.to_messages(msg))
+                got = gemini_format.to_messages(msg) if "parts" in msg else [msg]
+                if rec.subtype == SUBTYPE_MID_TURN and len(got) == 1 and messages \
+                        and messages[-1].get("role") == "user" == got[0].get("role"):
+                    messages[-1] = merged_user(messages[-1], got[0])
                 else:
-                    append(msg)
+                    messages.extend(got)
             usage = rec.usage if rec.usageMetadata is None else \
                 gemini_format.to_openai_usage(rec.usageMetadata)
             if rec.type == "assistant" and usage is not None:
@@ -632,7 +325,8 @@ def scan_summary(path: str | os.PathLike[str]) -> SessionSummary:
                     continue
                 if payload and isinstance(payload.get("customTitle"), str):
                     title = payload["customTitle"] or None
-        elif rec.message and not (len(rec.message) == 4 and bytes(rec.message) == b"null"):
+        elif rec.message and not (len(rec.message) == 4 and bytes(rec.message) == b"null") \
+                and rec.subtype != SUBTYPE_MID_TURN:  # a delta joins the message before it
             count += 1
     return SessionSummary(
         session_id=p.stem,

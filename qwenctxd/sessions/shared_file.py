@@ -4,7 +4,7 @@ Qwen Code appends a record with ``fs.promises.appendFile`` on its own ``O_APPEND
 Node cuts a record over 512 KiB into several ``write()`` calls, and Qwen Code's lock is an
 in-process mutex (no ``flock``, no lock file), so nothing outside its process orders its writes
 against ours. A line of ours written between two of those ``write()`` calls tears both records.
-:func:`append_state` is the rule :class:`~qwenctxd.sessions.records.JsonlWriter` follows before
+:func:`append_state` is the rule :class:`~qwenctxd.sessions.jsonl_writer.JsonlWriter` follows before
 each append: the file must end in ``"\\n"`` and, if it grew since our last write, must have stayed
 the same size for :data:`SETTLE_S` (another writer's chunks of one record follow each other within
 microseconds). A partial tail that has not changed for :data:`STALE_TAIL_S` is a dead writer's

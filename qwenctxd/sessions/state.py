@@ -35,7 +35,7 @@ import anyio
 from qwenctxd.compaction.estimate import message_tokens
 from qwenctxd.compaction.micro import tool_result_chars
 from qwenctxd.compaction.thresholds import Breaker
-from qwenctxd.sessions.records import JsonlWriter
+from qwenctxd.sessions.jsonl_writer import JsonlWriter
 from qwenctxd.tokens import estimate_tokens
 
 Message = dict[str, Any]

@@ -2,7 +2,9 @@
 
 Read from the session's JSONL (open or closed, without resuming it), in file order, so it
 shows everything that was said — also what a compaction later folded into a summary, which
-appears as a ``compression`` entry where it happened. Message payloads in either shape are
+appears as a ``compression`` entry where it happened. A ``mid_turn_user_message`` record (a
+user turn merged into an unanswered one) extends the user entry before it, so the entry shows
+the merged message the model saw. Message payloads in either shape are
 understood: OpenAI chat messages (``role`` user/assistant/tool, ``content``, ``tool_calls``)
 and Qwen Code's own (``role`` user/model, ``parts`` with ``text``, ``functionCall``,
 ``functionResponse``). Unreadable lines are skipped and counted.
@@ -15,10 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import msgspec
 
 from qwenctxd.protocol import errors
 from qwenctxd.protocol import session as wire
 from qwenctxd.sessions import records
+from qwenctxd.sessions.gemini_format import to_messages
 
 
 def _text_of(content: Any) -> str:
@@ -93,8 +97,21 @@ def read_transcript(path: Path) -> tuple[list[wire.TranscriptEntry], int]:
     """Every entry of the JSONL at ``path`` and the number of unreadable lines. Blocking."""
     result = records.read_records(path)
     out: list[wire.TranscriptEntry] = []
+    # the user message the last entry shows (OpenAI form), for a mid-turn record joining it
+    last_user: dict[str, Any] | None = None
     for rec in result.records:
-        out.extend(entries_of(rec))
+        got = entries_of(rec)
+        msgs = to_messages(rec.message) if rec.type == "user" and rec.message else []
+        delta = msgs[0] if len(msgs) == 1 and msgs[0].get("role") == "user" else None
+        if rec.subtype == records.SUBTYPE_MID_TURN and delta is not None \
+                and last_user is not None and len(got) == 1:
+            # the merged user message as the session held it: one entry, the contents joined
+            last_user = records.merged_user(last_user, delta)
+            out[-1] = msgspec.structs.replace(out[-1], text=_text_of(last_user["content"]))
+            continue
+        out.extend(got)
+        if got:  # records that show nothing (titles, options) leave the last entry as it is
+            last_user = delta if rec.type == "user" and len(got) == 1 else None
     return out, len(result.torn)
 
 

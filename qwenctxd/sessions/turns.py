@@ -59,7 +59,7 @@ class TurnPipeline:
             events: Events = []
             reminders: list[wire.Reminder] = []
             first_turn = not s.history.messages and p.kind == "user"
-            new_msgs = self._incoming(s, p, events)
+            new_msgs, merged_into = self._incoming(s, p, events)
             if p.kind == "user" and s.title is None and p.text:
                 title = auto_title(p.text)
                 if title is not None:
@@ -83,6 +83,13 @@ class TurnPipeline:
                     reminders.append(memory)
             self._attach_reminders(s, p.kind, new_msgs, reminders)
             for msg in new_msgs:
+                if merged_into is not None and msg is new_msgs[-1]:
+                    # recorded as the delta (Qwen Code's mid-turn user message: resume appends
+                    # its parts to the user message before); held as the whole merged message
+                    self.m.record(s, msg, subtype=records.SUBTYPE_MID_TURN)
+                    s.append({"role": "user",
+                              "content": join_content(merged_into.get("content"), msg["content"])})
+                    continue
                 s.append(msg)
                 self.m.record(s, msg)
             sp = await self.m.system_prompt(s)
@@ -95,7 +102,9 @@ class TurnPipeline:
             return prompt
 
     def _incoming(self, s: Session, p: wire.TurnParams, events: Events
-                  ) -> list[dict[str, Any]]:
+                  ) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+        """The turn's new messages, and the unanswered user message the last of them joins
+        (taken out of the history here; None when nothing is merged)."""
         pending = s.history.pending_tool_calls()
         out: list[dict[str, Any]] = []
         if p.kind == "tool_results":
@@ -140,7 +149,7 @@ class TurnPipeline:
             s.turn.results_received(len(results))
             if p.text:
                 out.append({"role": "user", "content": p.text})
-            return out
+            return out, None
         # user or cron turn: a new question abandons calls still pending
         for call_id in pending:
             out.append({"role": "tool", "tool_call_id": call_id, "content": NOT_EXECUTED,
@@ -156,20 +165,17 @@ class TurnPipeline:
         else:
             content = p.text
         last = s.history.messages[-1] if s.history.messages else None
+        merged_into = None
         if not pending and last is not None and last.get("role") == "user":
             # the last user turn went unanswered (a failed model call, the user typed again):
-            # this turn joins it, so two user messages never follow each other (C1)
-            s.pop_last()
-            self.m.record(s, {}, subtype=records.SUBTYPE_REWIND, payload={
-                "reason": "user_turn_merged", "removedMessages": 1,
-                "compressedHistory": s.history.messages})
+            # this turn joins it, so two user messages never follow each other (C1). Only the
+            # new part is recorded (and gets this turn's reminders): never the whole again
+            merged_into = s.pop_last()
             events.append(ev.UserTurnMerged())
-            out.append({"role": "user", "content": join_content(last.get("content"), content)})
-        else:
-            out.append({"role": "user", "content": content})
+        out.append({"role": "user", "content": content})
         if p.kind == "user":
             s.turn.begin_user_turn()
-        return out
+        return out, merged_into
 
     async def _rule_reminders(self, s: Session, touched: list[str]) -> list[wire.Reminder]:
         if not touched:

@@ -61,8 +61,12 @@ class QwenCli:
         extra_env: dict[str, str] | None = None,
         timeout: float = QWEN_TIMEOUT_S,
         check: bool = True,
+        stdin_text: str | None = None,
     ) -> subprocess.CompletedProcess[str]:
-        """``qwen --auth-type openai -m MODEL [args] [-p prompt]``; asserts exit 0 by default."""
+        """``qwen --auth-type openai -m MODEL [args] [-p prompt]``; asserts exit 0 by default.
+
+        ``stdin_text`` is piped to the CLI, which puts it before the ``-p`` prompt (a prompt
+        larger than one argv string may be, 128 KiB)."""
         cmd = [str(qwen_binary())]
         if args[:1] != ("sessions",):
             cmd += ["--auth-type", "openai", "-m", self.model]
@@ -76,7 +80,7 @@ class QwenCli:
             capture_output=True,
             text=True,
             timeout=timeout,
-            stdin=subprocess.DEVNULL,
+            **({"stdin": subprocess.DEVNULL} if stdin_text is None else {"input": stdin_text}),
         )
         if check and proc.returncode != 0:
             raise AssertionError(
