@@ -146,3 +146,23 @@ def test_an_agents_one_shot_side_query_makes_no_session(running) -> None:  # typ
     assert len(forwarded(stub)) == n + 1 and forwarded(stub)[-1]["max_tokens"] < WINDOW
     after = {s["session_id"] for s in d.call("session.list", {})["sessions"]}
     assert after == before  # folded: no session of its own
+
+
+def test_asking_again_after_an_empty_answer_stays_in_the_session(running) -> None:  # type: ignore[no-untyped-def]
+    """Qwen Code retries a request whose answer was empty: the same history again. That
+    turn is taken back and asked anew in the same session (a regenerate after a real answer
+    still forks, see test_proxy_chat)."""
+    proxy, stub, script, d = running
+    base = [{"role": "system", "content": CLIENT_SYSTEM},
+            {"role": "user", "content": "a question that first gets an empty answer"}]
+    script.replies += [Reply(content=""), Reply(content="the real answer")]
+    c = client(proxy)
+    first = c.chat.completions.with_raw_response.create(model="stub-model", messages=base)  # type: ignore[arg-type]
+    second = c.chat.completions.with_raw_response.create(model="stub-model", messages=base)  # type: ignore[arg-type]
+    assert second.parse().choices[0].message.content == "the real answer"
+    sid = first.headers["x-qwenctx-session"]
+    assert second.headers["x-qwenctx-session"] == sid
+    assert [m["role"] for m in forwarded(stub)[-1]["messages"]] == ["system", "user"]
+    entries = d.call("session.transcript", {"session_id": sid})["entries"]
+    assert [e["role"] for e in entries if e["role"] in ("user", "assistant")][-2:] == [
+        "user", "assistant"]

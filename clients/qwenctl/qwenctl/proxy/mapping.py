@@ -37,6 +37,10 @@ class Mapped:
     key: str
     session_id: str | None = None
     fps: list[str] = field(default_factory=list)
+    roles: list[str] = field(default_factory=list)  # the role of each mapped message
+    #: the last recorded reply was no answer (empty, or cut off): a client that asks again
+    #: retries in the same session instead of regenerating into a fresh one
+    reply_failed: bool = False
     awaiting: bool = False  # the last mapped input has no reply recorded yet
     pending: list[str] = field(default_factory=list)
     last_prompt: dict[str, Any] | None = None
@@ -73,6 +77,7 @@ class SessionMap:
         res = await self.daemon.call(methods.SESSION_OPEN, params)
         st.session_id, st.fps, st.pending, st.awaiting, st.last_prompt = (
             res["session_id"], [], [], False, None)
+        st.roles = []
         st.view = SessionHistory(res["session_id"])
         return int(res["messages"])
 
@@ -101,7 +106,17 @@ class SessionMap:
             if k == len(st.fps) == len(fps) and st.awaiting and st.last_prompt is not None:
                 log.info("proxy retry", session=st.session_id)
                 return st.last_prompt
-            if k < len(st.fps) or k == len(fps):
+            if self._asked_again(st, dialogue, k, len(fps)):
+                # the client sends its last user message again without the reply it got (a
+                # retry after an empty or broken answer): that turn is taken back and mapped
+                # anew, in the same session
+                await self.daemon.call(methods.SESSION_REWIND,
+                                       {"session_id": st.session_id, "turns": 1})
+                log.info("proxy: the last user turn asked again; rewound",
+                         session=st.session_id)
+                st.fps, st.roles, st.pending, st.awaiting = st.fps[:k - 1], st.roles[:k - 1], [], False
+                start = k - 1
+            elif k < len(st.fps) or k == len(fps):
                 log.info("proxy history diverged: new daemon session", old=st.session_id,
                          common=k, mapped=len(st.fps), sent=len(fps))
                 await self._open(st, str(uuid.uuid4()), cwd, model, tools)
@@ -119,7 +134,19 @@ class SessionMap:
                 prompt = await st.view.aturn(self.daemon, step.turn_params(st.session_id))
         assert prompt is not None  # conversation.parse refuses a history ending in a reply
         st.fps, st.awaiting, st.pending, st.last_prompt = fps, True, [], prompt
+        st.roles, st.reply_failed = [m["role"] for m in dialogue], False
         return prompt
+
+    @staticmethod
+    def _asked_again(st: Mapped, dialogue: list[dict[str, Any]], common: int, sent: int) -> bool:
+        """The client asks its last user message again after getting no answer (an empty or
+        cut-off reply, as Qwen Code retries): its history is what was mapped up to and
+        including that message, and only replies to it were mapped after. (Asking again
+        after a real answer is a regenerate: a fresh session, the first one kept.)"""
+        return (st.reply_failed and 0 < common == sent < len(st.fps)
+                and len(st.roles) == len(st.fps)
+                and dialogue[-1]["role"] == "user" and st.roles[common - 1] == "user"
+                and "user" not in st.roles[common:])
 
     async def record(self, st: Mapped, message: dict[str, Any],
                      usage: dict[str, int] | None) -> None:
@@ -129,11 +156,17 @@ class SessionMap:
             params["usage"] = usage
         await self.daemon.call(methods.SESSION_RECORD_MODEL, params)
         st.fps.append(fingerprint(message))
+        st.roles.append("assistant")
+        text = message.get("content")
+        text = text if isinstance(text, str) else ""
+        st.reply_failed = not message.get("tool_calls") and (
+            not text.strip() or "[reply cut off:" in text)
         st.awaiting, st.last_prompt = False, None
         st.pending = [c["id"] for c in message.get("tool_calls") or []]
 
     def forget(self, st: Mapped) -> None:
         st.session_id, st.fps, st.awaiting, st.last_prompt, st.view = None, [], False, None, None
+        st.roles, st.reply_failed = [], False
 
     async def appended_text(self, session_id: str, cwd: str, model: str, prefix_hash: str
                             ) -> str:
