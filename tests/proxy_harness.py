@@ -22,7 +22,8 @@ from qwenctxd.testing.wait import until
 
 class RunningProxy:
     def __init__(self, daemon: SpawnedDaemon, upstream: str, cwd: Path,
-                 extra_env: dict[str, str] | None = None) -> None:
+                 extra_env: dict[str, str] | None = None,
+                 extra_args: tuple[str, ...] = ()) -> None:
         self.daemon = daemon
         env = {**daemon.env, "QWENCTXD_SOCKET": str(daemon.socket), **(extra_env or {})}
         self.env = env
@@ -30,7 +31,7 @@ class RunningProxy:
         self._log = open(self.log, "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "qwenctl", "proxy", "--no-autostart", "--listen",
-             "127.0.0.1:0", "--upstream", upstream, "--cwd", str(cwd)],
+             "127.0.0.1:0", "--upstream", upstream, "--cwd", str(cwd), *extra_args],
             env=env, stdin=subprocess.DEVNULL, stdout=self._log, stderr=self._log, cwd=cwd)
 
         def listening() -> str | None:

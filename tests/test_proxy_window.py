@@ -166,3 +166,15 @@ def test_asking_again_after_an_empty_answer_stays_in_the_session(running) -> Non
     entries = d.call("session.transcript", {"session_id": sid})["entries"]
     assert [e["role"] for e in entries if e["role"] in ("user", "assistant")][-2:] == [
         "user", "assistant"]
+
+
+def test_fit_request_caps_answers_with_the_proxys_max_tokens() -> None:
+    from qwenctl.proxy.upstream import fit_request
+
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 32_000}
+    assert fit_request(body, 8192, cap=96).max_tokens == 96 and body["max_tokens"] == 96
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 32_000}
+    fit_request(body, None, cap=96)  # window unknown: the cap still holds
+    assert body["max_tokens"] == 96
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 50}
+    assert fit_request(body, 8192, cap=96).max_tokens == 50  # a smaller ask stands

@@ -63,16 +63,16 @@ class Relay:
                     resp = urllib.request.urlopen(req, timeout=600)  # noqa: S310
                 except urllib.error.HTTPError as exc:
                     resp = exc
-                body_iter = iter(lambda: resp.read1(65536), b"")
-                self.send_response(resp.status if hasattr(resp, "status") else resp.code)
-                self.send_header("Content-Type", resp.headers.get("Content-Type",
-                                                                  "application/json"))
-                self.send_header("Transfer-Encoding", "chunked")
-                self.end_headers()
-                for chunk in body_iter:
-                    self.wfile.write(f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")
-                    self.wfile.flush()
-                self.wfile.write(b"0\r\n\r\n")
+                with resp:
+                    self.send_response(resp.status if hasattr(resp, "status") else resp.code)
+                    self.send_header("Content-Type", resp.headers.get("Content-Type",
+                                                                      "application/json"))
+                    self.send_header("Transfer-Encoding", "chunked")
+                    self.end_headers()
+                    for chunk in iter(lambda: resp.read1(65536), b""):
+                        self.wfile.write(f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")
+                        self.wfile.flush()
+                    self.wfile.write(b"0\r\n\r\n")
 
             def do_GET(self) -> None:
                 self._pass("GET")
@@ -116,7 +116,8 @@ def test_qwen_code_on_a_local_model_through_the_proxy(
         (proj / ".git").mkdir()
         d.call("memory.save", {"cwd": str(proj), "type": "project", "name": "deploy gate",
                                "description": MARKER, "body": f"Before a release: {MARKER}."})
-        proxy = RunningProxy(d, relay.base_url, proj)
+        # answers capped at 96 tokens: SmolLM2 asked for Qwen Code's 32 000 rambles for minutes
+        proxy = RunningProxy(d, relay.base_url, proj, extra_args=("--max-tokens", "96"))
         try:
             home = tmp_path / "qhome"
             (home / ".qwen").mkdir(parents=True)
@@ -140,7 +141,7 @@ def test_qwen_code_on_a_local_model_through_the_proxy(
     for body in main:
         # every declared function has parameters; max_tokens was capped to what is left
         assert all(isinstance(t["function"].get("parameters"), dict) for t in body["tools"])
-        assert body["max_tokens"] < N_CTX
+        assert body["max_tokens"] <= 96
     system = main[0]["messages"][0]["content"]
     assert system.startswith("You are Qwen Code")
     assert MARKER in json.dumps(main[0]["messages"])  # the memory index or the recall reminder

@@ -62,6 +62,9 @@ class ProxyConfig:
     context_window: int | None = None
     #: start the daemon again when it stopped (qwenctl's ``--no-autostart`` turns it off)
     autostart: bool = True
+    #: ``--max-tokens``: the largest answer budget forwarded (a small local model asked for
+    #: Qwen Code's 32 000 rambles on); None: only the window caps it
+    max_tokens: int | None = None
 
 
 def error(status: int, message: str, err_type: str = "invalid_request_error",
@@ -235,7 +238,7 @@ class ChatExchange(Response):
             if self.tools is not None:
                 out["tools"] = self.tools
             try:
-                fitted = fit_request(out, window)
+                fitted = fit_request(out, window, self.proxy.cfg.max_tokens)
             except DoesNotFit as exc:
                 log.info("proxy request does not fit", session=st.session_id, window=exc.window,
                          system_tokens=exc.system_tokens, tools_tokens=exc.tools_tokens)
@@ -254,7 +257,7 @@ class ChatExchange(Response):
         if self.tools is not None:
             out["tools"] = self.tools
         try:
-            fit_request(out, window)
+            fit_request(out, window, self.proxy.cfg.max_tokens)
         except DoesNotFit as exc:
             await JSONResponse(exc.body(), status_code=400)(scope, receive, send)
             return

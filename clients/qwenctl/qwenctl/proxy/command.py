@@ -32,6 +32,9 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
                    "model endpoint)")
     p.add_argument("--cwd", help="the project of plain /v1 requests (default: the current "
                    "directory); with `env`: the directory to print the lines for")
+    p.add_argument("--max-tokens", type=int, default=None,
+                   help="cap every forwarded max_tokens (default: only the upstream's window "
+                        "caps it)")
     p.add_argument("--default-cwd", help="with `env`: the --cwd the proxy was started with "
                    "(that directory gets the plain /v1 URL; default: the current directory)")
 
@@ -122,7 +125,7 @@ def serve(ctx: Ctx) -> int:
     structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
     cfg = ProxyConfig(key=key, upstream=url, upstream_key=up_key, default_cwd=cwd,
                       socket=a.socket, upstream_read_s=read_s, context_window=window,
-                      autostart=not a.no_autostart)
+                      autostart=not a.no_autostart, max_tokens=a.max_tokens)
     sys.stderr.write(f"qwenctl proxy: listening on {keys.base_url(bound)} (project {cwd}, "
                      f"upstream {url})\n")
     sys.stderr.flush()

@@ -105,8 +105,9 @@ def _turn_starts(messages: list[dict[str, Any]]) -> list[int]:
     return [i for i, m in enumerate(messages) if m.get("role") == "user"]
 
 
-def fit_request(out: dict[str, Any], window: int | None) -> Fitted:
-    """Fit ``out`` (the body to forward; changed in place) to ``window`` tokens."""
+def fit_request(out: dict[str, Any], window: int | None, cap: int | None = None) -> Fitted:
+    """Fit ``out`` (the body to forward; changed in place) to ``window`` tokens; ``cap``
+    (``qwenctl proxy --max-tokens``) bounds every answer budget besides."""
     messages: list[dict[str, Any]] = out.get("messages") or []
     tools = out.get("tools")
     tools_tokens = tokens_of(tools) if tools else 0
@@ -116,7 +117,12 @@ def fit_request(out: dict[str, Any], window: int | None) -> Fitted:
     sizes = [message_tokens(m) for m in rest]
     total = system_tokens + tools_tokens + sum(sizes)
     if window is None:
-        return Fitted(prompt_tokens=total, max_tokens=None)
+        if cap is not None:
+            for key in ("max_tokens", "max_completion_tokens"):
+                if isinstance(out.get(key), int) and out[key] > cap:
+                    out[key] = cap
+            out.setdefault("max_tokens", cap)
+        return Fitted(prompt_tokens=total, max_tokens=cap)
     dropped = 0
     if total + MIN_ANSWER_TOKENS > window:
         starts = _turn_starts(rest)
@@ -132,7 +138,7 @@ def fit_request(out: dict[str, Any], window: int | None) -> Fitted:
             out["messages"] = system + rest
         if total + MIN_ANSWER_TOKENS > window:
             raise DoesNotFit(window, system_tokens, tools_tokens, total)
-    room = window - total
+    room = window - total if cap is None else min(window - total, cap)
     capped = None
     for key in ("max_tokens", "max_completion_tokens"):
         asked = out.get(key)
