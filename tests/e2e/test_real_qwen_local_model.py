@@ -126,7 +126,7 @@ def test_qwen_code_on_a_local_model_through_the_proxy(
             cli = QwenCli(home=home, cwd=proj, base_url=proxy.base_url, api_key=proxy.key,
                           model="smollm2")
             proc = cli.run(prompt="What is the deploy gate called? One short sentence.",
-                           timeout=600)
+                           timeout=1200)  # ~8 min on 2 cores: a 17k-token prompt, several times
             proxy_log = proxy.log_text()
             d.call("daemon.drain", {"timeout_s": 60})
         finally:
