@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Literal
 
 from qwenctxd.fsutil import read_regular
-from qwenctxd.project.roots import find_project_root
 
 LOCAL_FILENAME = "QWEN.local.md"
 OUTPUT_LANGUAGE_FILENAME = "output-language.md"
@@ -109,11 +108,10 @@ def discover(
     qwen_dir: Path,
     extension_paths: list[Path] = (),  # type: ignore[assignment]
     include_dirs: list[Path] = (),  # type: ignore[assignment]
-    root_of: Callable[[Path], Path | None] | None = None,
+    root_of: Callable[[Path], Path | None],
 ) -> Discovery:
     """What to load for ``cwd``; ``root_of`` maps a directory to its git root (the daemon
-    passes its project registry's lookup; default: a fresh lookup)."""
-    root_of = root_of or find_project_root
+    passes its project registry's lookup)."""
     cwd = Path(os.path.abspath(cwd))
     home = Path(os.path.abspath(home))
     qwen_dir = Path(os.path.abspath(qwen_dir))

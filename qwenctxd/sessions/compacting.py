@@ -21,6 +21,7 @@ from qwenctxd.compaction import micro, post_compact
 from qwenctxd.compaction.estimate import history_tokens
 from qwenctxd.compaction.thresholds import compute_thresholds as _compute_thresholds
 from qwenctxd.compaction.thresholds import level
+from qwenctxd.config.schema import Settings
 from qwenctxd.protocol import session as wire
 from qwenctxd.protocol import turn_events as ev
 from qwenctxd.sessions.manager import SessionManager
@@ -54,8 +55,9 @@ class Compactor:
     def __init__(self, manager: SessionManager) -> None:
         self.m = manager
 
-    def settings(self, s: Session):  # type: ignore[no-untyped-def]
-        return self.m.instructions.settings_for(s.cwd)
+    @staticmethod
+    def settings(s: Session) -> Settings:
+        return s.project.settings
 
     async def maybe_micro(self, s: Session, events: Events, sys_tok: int) -> None:
         idle = self.settings(s).context.clear_context_on_idle
