@@ -126,7 +126,8 @@ class Fixture:
 def rescan(fx: Fixture, git_section: str) -> tuple[str, str]:
     c = Settings().context
     disc = discovery.discover(fx.cwd, filenames=list(c.file_name), home=fx.home,
-                              qwen_dir=fx.home / ".qwen", root_of=find_project_root)
+                              qwen_dir=fx.home / ".qwen",
+                              project_root=find_project_root(fx.cwd), root_of=find_project_root)
     inst = assemble.build(disc, import_format=c.import_format, max_file_bytes=c.max_file_bytes,
                           root_of=find_project_root)
     base = base_prompt.base_sections(base_prompt.BasePromptInputs(

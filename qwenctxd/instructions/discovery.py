@@ -108,15 +108,17 @@ def discover(
     qwen_dir: Path,
     extension_paths: list[Path] = (),  # type: ignore[assignment]
     include_dirs: list[Path] = (),  # type: ignore[assignment]
+    project_root: Path | None,
     root_of: Callable[[Path], Path | None],
 ) -> Discovery:
-    """What to load for ``cwd``; ``root_of`` maps a directory to its git root (the daemon
-    passes its project registry's lookup)."""
+    """What to load for ``cwd``, whose project root is ``project_root`` (as the caller
+    resolved it); ``root_of`` maps any other directory (an include dir) to its git root (the
+    daemon passes its project registry's lookup)."""
     cwd = Path(os.path.abspath(cwd))
     home = Path(os.path.abspath(home))
     qwen_dir = Path(os.path.abspath(qwen_dir))
     names = normalize_filenames(filenames)
-    root = root_of(cwd)
+    root = project_root
     probed: set[Path] = set()
     result = Discovery(cwd=cwd, project_root=root, files=[], probed=probed)
     seen: set[Path] = set()

@@ -151,6 +151,7 @@ class InstructionsService:
                 project.qwen_home, project.root), *self._extension_paths()],
             include_dirs=[Path(d).expanduser() for d in c.include_directories]
             if c.load_from_include_directories else [],
+            project_root=project.root,
             root_of=self._projects.root_of,
         )
         return assemble.build(disc, import_format=c.import_format, max_file_bytes=c.max_file_bytes,

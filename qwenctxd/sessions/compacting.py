@@ -160,7 +160,7 @@ class Compactor:
 
         result = await post_compact.compress(
             self.m.model, s.history.messages, trigger=trigger, focus=focus,
-            workspace_root=s.project_root or s.cwd, tokens_before=history_before,
+            workspace_root=s.project.anchor, tokens_before=history_before,
             estimate_history=lambda h: history_tokens(h, image_tokens=s.history.image_tokens),
             pre_hook=pre_hook if hook_cfg.get("PreCompact") else None,
             post_hook=post_hook if hook_cfg.get("PostCompact") else None,

@@ -261,7 +261,7 @@ class SessionManager:
     async def project_summary(self, session_id: str) -> wire.ProjectSummaryResult:
         s = self.get(session_id)
         text = await recap_mod.project_summary(self.model, list(s.history.messages))
-        target = (s.project_root or s.cwd) / ".qwen" / PROJECT_SUMMARY_NAME
+        target = s.project.anchor / ".qwen" / PROJECT_SUMMARY_NAME
         from qwenctxd.fsutil import atomic_write
 
         await anyio.to_thread.run_sync(atomic_write, target, text.rstrip() + "\n")

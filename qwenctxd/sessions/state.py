@@ -341,10 +341,6 @@ class Session:
     #: the proxy's upstream): its requests are foreground there (model/scheduler.py)
     model_base_url: str | None = None
 
-    @property
-    def project_root(self) -> Path | None:
-        return self.project.root
-
     # -- changes that touch several parts ------------------------------------------------------
     def append(self, msg: Message) -> None:
         self.history.append(msg)

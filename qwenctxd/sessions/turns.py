@@ -276,7 +276,7 @@ class TurnPipeline:
         if skills is None:
             return []
         ss, generation = await skills.skillset(s.project, s.cwd)
-        root = s.project_root or s.cwd
+        root = s.project.anchor
         fresh = []
         for raw in touched:
             rel = relative_to_root(raw if raw.startswith("/") else s.cwd / raw, root)
