@@ -13,7 +13,7 @@ from qwenctxd.instructions import tool_roles
 from qwenctxd.instructions.discovery import normalize_filenames
 from qwenctxd.instructions.rules import relative_to_root, rule_reminder
 from qwenctxd.project import Project, ProjectRegistry
-from qwenctxd.project.registry import NAME_MAX, project_id_fits
+from qwenctxd.project.registry import NAME_MAX, anchor_id_fits, project_id_fits
 from qwenctxd.protocol import errors, methods
 from qwenctxd.protocol import instructions as wire
 from qwenctxd.server.dispatch import bind
@@ -26,6 +26,26 @@ if TYPE_CHECKING:
 
 def checked_cwd(value: str, field: str = "cwd") -> Path:
     """An absolute, existing directory, or InvalidParams naming ``field``."""
+    path = _existing_dir(value, field)
+    # The project's state lives in ONE directory named after its root (Qwen Code's project
+    # id): a root whose id passes NAME_MAX has nowhere to keep sessions or memory.
+    if not project_id_fits(path):
+        raise _name_too_long(field)
+    return path
+
+
+def checked_project(projects: ProjectRegistry, value: str,
+                    field: str = "cwd") -> tuple[Path, Project]:
+    """:func:`checked_cwd`, and the project it belongs to: resolved once, here at the wire
+    edge, and handed to every service the request reaches."""
+    cwd = _existing_dir(value, field)
+    project = projects.get(cwd)
+    if not anchor_id_fits(project.anchor):
+        raise _name_too_long(field)
+    return cwd, project
+
+
+def _existing_dir(value: str, field: str) -> Path:
     if not value or not os.path.isabs(value):
         raise errors.InvalidParams(f"{field} must be an absolute path",
                                    data={"field": field, "message": "not absolute"})
@@ -35,21 +55,13 @@ def checked_cwd(value: str, field: str = "cwd") -> Path:
     if not is_dir:
         raise errors.InvalidParams(f"{field} is not an existing directory: {value}",
                                    data={"field": field, "message": "no such directory"})
-    # The project's state lives in ONE directory named after its root (Qwen Code's project
-    # id): a root whose id passes NAME_MAX has nowhere to keep sessions or memory.
-    if not project_id_fits(path):
-        raise errors.InvalidParams(
-            f"{field}: the project path is too long for a project id ({NAME_MAX} bytes)",
-            data={"field": field, "message": "name too long", "errno": "ENAMETOOLONG"})
     return path
 
 
-def checked_project(projects: ProjectRegistry, value: str,
-                    field: str = "cwd") -> tuple[Path, Project]:
-    """:func:`checked_cwd`, and the project it belongs to: resolved once, here at the wire
-    edge, and handed to every service the request reaches."""
-    cwd = checked_cwd(value, field)
-    return cwd, projects.get(cwd)
+def _name_too_long(field: str) -> errors.InvalidParams:
+    return errors.InvalidParams(
+        f"{field}: the project path is too long for a project id ({NAME_MAX} bytes)",
+        data={"field": field, "message": "name too long", "errno": "ENAMETOOLONG"})
 
 
 def _problems(problems: list) -> list[wire.Problem]:  # type: ignore[type-arg]
