@@ -658,8 +658,8 @@ KILL_CHILD = textwrap.dedent("""
 
     async def main() -> None:
         model = ModelClient(ModelEndpoint(base_url=base_url, model="stub-model", timeout_s=60))
-        await Dreamer().run(model, roots=roots_for(repo, git_root=repo), cwd=repo, session_id="doomed",
-                            audit=AuditLog(audit_dir))
+        await Dreamer().run(model, roots=roots_for(repo, git_root=repo), cwd=repo,
+                            session_id="doomed", audit=AuditLog(audit_dir))
 
     anyio.run(main)
 """)

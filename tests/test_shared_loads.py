@@ -255,7 +255,8 @@ def test_instructions_never_empty_or_stale_after_cancelled_waiters(tmp_path: Pat
                     # same-size writes within one kernel timestamp tick (reported separately)
                     qwen.write_text(f"rule version {v}{'!' * v}\n")
                     for d in cancels:
-                        await cancelled_at(d, lambda: s.instructions.system_prompt(s.at(repo), repo))
+                        await cancelled_at(d, lambda: s.instructions.system_prompt(
+                            s.at(repo), repo))
 
                     async def fresh(v: int = v) -> bool:
                         text = (await s.instructions.system_prompt(s.at(repo), repo)).text

@@ -217,11 +217,11 @@ class InstructionsService:
         agent: str | None = None,
         git_snapshot: str | None = None,
     ) -> SystemPrompt:
-        """The system prompt for ``cwd`` in ``project``; the base follows the session's declared tools
-        (``tool_roles``; None: no tools declared) and the client's ``agent`` name (C5).
-        ``git_snapshot`` (a session's, taken when it began, see :meth:`git_snapshot`) replaces
-        the project's current git section, so a session's prompt prefix does not move when
-        files change or commits land mid-conversation."""
+        """The system prompt for ``cwd`` in ``project``; the base follows the session's
+        declared tools (``tool_roles``; None: no tools declared) and the client's ``agent``
+        name (C5). ``git_snapshot`` (a session's, taken when it began, see
+        :meth:`git_snapshot`) replaces the project's current git section, so a session's
+        prompt prefix does not move when files change or commits land mid-conversation."""
         merged = {k: self._environ[k] for k in PROMPT_ENV_KEYS if k in self._environ}
         if env:
             merged.update({k: v for k, v in env.items() if k in PROMPT_ENV_KEYS})
