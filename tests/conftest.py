@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from qwenctxd.testing import leaks
+from qwenctxd.testing import forkserver, leaks
 from qwenctxd.testing import spawn as spawn_mod
 from qwenctxd.testing.spawn import SpawnedDaemon
 
@@ -66,6 +66,7 @@ def _nothing_left_outside_tmp() -> Iterator[None]:
     # the harness's own scratch trees: a daemon a test restarted on one (or a client's
     # autostart) may outlive the test's cleanup; reap it and remove the tree before judging
     spawn_mod.remove_leftover_roots()
+    forkserver.shutdown()
     left = leaks.leaks(before, watches)
     if left:
         pytest.fail(f"the test run left files outside its tmp dirs: {left}", pytrace=False)

@@ -12,15 +12,9 @@ import time
 
 import pytest
 
+from qwenctxd.testing.qwenctl_runs import qwenctl
 from qwenctxd.testing.spawn import SpawnedDaemon
 from qwenctxd.testing.wait import until
-
-
-def qwenctl(d: SpawnedDaemon, *args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "qwenctl", *args],
-        env=d.env, capture_output=True, text=True, timeout=timeout,
-    )
 
 
 def test_status_json_and_human(daemon: SpawnedDaemon) -> None:
@@ -81,7 +75,7 @@ def test_unreachable_without_autostart_exits_3(spawn) -> None:  # type: ignore[n
 def test_autostart_starts_a_detached_daemon(spawn) -> None:  # type: ignore[no-untyped-def]
     d = spawn()
     t0 = time.monotonic()
-    r = qwenctl(d, "status", "--json")
+    r = qwenctl(d, "status", "--json", fresh=True)  # a real `python -m qwenctl` start-up
     assert r.returncode == 0, r.stderr
     pid = json.loads(r.stdout)["pid"]
     assert time.monotonic() - t0 < 10

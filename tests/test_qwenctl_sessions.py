@@ -10,11 +10,13 @@ import subprocess
 import sys
 import urllib.request
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from qwenctxd.testing import qwenctl_runs
 from qwenctxd.testing.openai_stub import Reply, ScriptedOpenAI
 from qwenctxd.testing.spawn import SpawnedDaemon
 
@@ -52,13 +54,8 @@ def model_env(stub: ScriptedOpenAI) -> dict[str, str]:
             "OPENAI_API_KEY": "test", "QWENCTXD_FAST_MODEL": "stub-fast"}
 
 
-def qwenctl(d: SpawnedDaemon, *args: str, cwd: Path | None = None,
-            timeout: float = 30) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "qwenctl", *args],
-        env=d.env, cwd=cwd, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-        timeout=timeout,
-    )
+#: qwenctl against ``d`` (a fork of the pre-imported fork server; see qwenctl_runs)
+qwenctl = partial(qwenctl_runs.qwenctl, stdin=subprocess.DEVNULL)
 
 
 def turn(d: SpawnedDaemon, stub: ScriptedOpenAI | None, sid: str, text: str) -> None:
