@@ -252,6 +252,20 @@ class SpawnedDaemon:
                     continue
         return False
 
+    def requests(self) -> list[str]:
+        """The methods of the requests the daemon's JSON log records as answered, in order
+        (a line is written when a request's reply is ready)."""
+        found = []
+        for line in self.log_text().splitlines():
+            if '"request"' in line and line.startswith("{"):
+                try:
+                    entry = json.loads(line)
+                except ValueError:
+                    continue
+                if entry.get("event") == "request" and isinstance(entry.get("method"), str):
+                    found.append(entry["method"])
+        return found
+
     def log_text(self) -> str:
         try:
             return self.log_path.read_text(errors="replace")
