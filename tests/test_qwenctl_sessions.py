@@ -7,7 +7,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 import urllib.request
 from dataclasses import dataclass
 from functools import partial
@@ -319,9 +318,7 @@ def test_delete_asks_on_a_tty(world: World) -> None:
         master, slave = os.openpty()
         try:
             os.write(master, text)
-            return subprocess.run([sys.executable, "-m", "qwenctl", "sessions", "delete", "a1b2f"],
-                                  env=d.env, stdin=slave, capture_output=True, text=True,
-                                  timeout=30)
+            return qwenctl_runs.qwenctl(d, "sessions", "delete", "a1b2f", stdin=slave)
         finally:
             os.close(slave)
             os.close(master)
