@@ -241,7 +241,7 @@ class Zygote:
         self.proc = subprocess.Popen(
             [sys.executable, "-c",
              f"from qwenctxd.testing.forkserver import serve; serve({theirs.fileno()})"],
-            pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
+            pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
             env={**_STARTING_ENV, "PYTHONUNBUFFERED": "1"},
         )
         theirs.close()
