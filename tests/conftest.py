@@ -1,5 +1,6 @@
 """Shared fixtures: a spawned real daemon in a scratch HOME (one per test, or one per module for
-tests that each work in a project of their own), and the scripted model server; and a guard
+tests that each work in a project of their own; forked from the pre-imported
+:mod:`qwenctxd.testing.forkserver`), and the scripted model server; and a guard
 that fails the run when the suite left anything outside its tmp dirs (see
 :mod:`qwenctxd.testing.leaks` for what is checked and why that scope)."""
 
@@ -19,6 +20,10 @@ from qwenctxd.testing.spawn import SpawnedDaemon
 REAL_HOME = Path(os.environ.get("HOME") or os.path.expanduser("~"))
 
 pytest_plugins = ["qwenctxd.testing.pytest_fixtures"]
+
+# daemons and qwenctl runs of this suite fork from a pre-imported zygote (real processes, no
+# interpreter start-up each); QWENCTXD_TEST_FORKSERVER=0 makes them fresh interpreters again
+forkserver.enable()
 
 
 @pytest.fixture

@@ -14,7 +14,8 @@ The zygote reaps its children and writes each one's exit code (as :class:`subpro
 reports it: negative for a signal) to a per-child status pipe; :class:`ForkedProcess` is the
 test-side handle with the part of the ``Popen`` interface the harness uses. What needs a fresh
 interpreter (``pass_fds``, a ``preexec_fn``, a wrapper command, start-up time) keeps
-``subprocess``; :class:`~qwenctxd.testing.spawn.SpawnedDaemon` decides.
+``subprocess``; :class:`~qwenctxd.testing.spawn.SpawnedDaemon` decides. Forking is opt-in
+(:func:`enable`, called by the test suite's conftest): benchmarks keep real start-ups.
 """
 
 from __future__ import annotations
@@ -293,9 +294,20 @@ _ZYGOTE: Zygote | None = None
 _ZYGOTE_PID = 0  # the process that started _ZYGOTE (a forked test helper must start its own)
 
 
+_ENABLED = False
+
+
+def enable() -> None:
+    """Let the harness fork from the zygote (tests/conftest.py does; benchmarks, which measure
+    real start-ups and a real daemon's memory, do not)."""
+    global _ENABLED
+    _ENABLED = True
+
+
 def enabled() -> bool:
-    """False when ``QWENCTXD_TEST_FORKSERVER=0``: every run is a fresh interpreter again."""
-    return os.environ.get("QWENCTXD_TEST_FORKSERVER", "1") != "0"
+    """Whether :func:`enable` was called and ``QWENCTXD_TEST_FORKSERVER=0`` is not set (that
+    makes every run a fresh interpreter again)."""
+    return _ENABLED and os.environ.get("QWENCTXD_TEST_FORKSERVER", "1") != "0"
 
 
 def zygote() -> Zygote:
