@@ -62,6 +62,16 @@ def module_daemon() -> Iterator[SpawnedDaemon]:
 
 
 @pytest.fixture(scope="session", autouse=True)
+def _fork_server() -> Iterator[None]:
+    """The zygote daemons and qwenctl runs fork from, started at once so that its imports
+    overlap the first tests; stopped at the end (what it forked was stopped by its tests)."""
+    if forkserver.enabled():
+        forkserver.zygote()
+    yield
+    forkserver.shutdown()
+
+
+@pytest.fixture(scope="session", autouse=True)
 def _nothing_left_outside_tmp() -> Iterator[None]:
     """Fails the session when it created something new in ``/``, the real HOME or the top of
     /tmp (beyond pytest's own dirs): every test writes below its tmp dirs only."""
@@ -71,7 +81,6 @@ def _nothing_left_outside_tmp() -> Iterator[None]:
     # the harness's own scratch trees: a daemon a test restarted on one (or a client's
     # autostart) may outlive the test's cleanup; reap it and remove the tree before judging
     spawn_mod.remove_leftover_roots()
-    forkserver.shutdown()
     left = leaks.leaks(before, watches)
     if left:
         pytest.fail(f"the test run left files outside its tmp dirs: {left}", pytrace=False)
