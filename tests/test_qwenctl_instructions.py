@@ -4,29 +4,12 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from qwenctxd.testing.qwenctl_runs import qwenctl, qwenctl_bytes
 from qwenctxd.testing.spawn import SpawnedDaemon
-
-
-def qwenctl(d: SpawnedDaemon, *args: str, env: dict[str, str] | None = None,
-            cwd: Path | None = None, timeout: float = 30) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "qwenctl", *args],
-        env={**d.env, **(env or {})}, cwd=cwd, capture_output=True, text=True, timeout=timeout,
-    )
-
-
-def qwenctl_bytes(d: SpawnedDaemon, *args: str, env: dict[str, str] | None = None,
-                  cwd: Path | None = None) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run(
-        [sys.executable, "-m", "qwenctl", *args],
-        env={**d.env, **(env or {})}, cwd=cwd, capture_output=True, timeout=30,
-    )
 
 
 def build_tree(home: Path) -> Path:

@@ -3,24 +3,17 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from qwenctxd.testing.qwenctl_runs import qwenctl
 from qwenctxd.testing.spawn import SpawnedDaemon
 
 LONG = ("Project review checklist - run the linters, read the whole diff twice, check that the "
         "tests cover the change and that the docs say what changed and why")
 
 
-def qwenctl(d: SpawnedDaemon, *args: str, env: dict[str, str] | None = None,
-            cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "qwenctl", *args],
-        env={**d.env, **(env or {})}, cwd=cwd, capture_output=True, text=True, timeout=30,
-    )
 
 
 def skill(base: Path, name: str, description: str, extra: str = "", body: str = "Do it.") -> Path:

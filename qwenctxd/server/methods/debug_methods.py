@@ -22,7 +22,13 @@ if TYPE_CHECKING:
 def register(daemon: Daemon) -> None:
     async def sleep_task(ctx: Connection, p: SleepTaskParams) -> SleepTaskResult:
         async def job() -> None:
-            await anyio.sleep(p.seconds)
+            if p.until_exists is None:
+                await anyio.sleep(p.seconds)
+                return
+            release = anyio.Path(p.until_exists)
+            with anyio.move_on_after(p.seconds):
+                while not await release.exists():  # noqa: ASYNC110 - a path, not an event
+                    await anyio.sleep(0.01)
 
         rec = daemon.tasks.submit(p.kind, job, description=f"sleep {p.seconds}s", key=p.key)
         return SleepTaskResult(task_id=rec.id)
