@@ -32,7 +32,7 @@ def home_dir() -> str | None:
 def emit_result(ctx: Any, result: Any, line: str) -> None:
     """The daemon's ``result`` as JSON with ``--json``, else ``line`` for people."""
     if ctx.args.json:
-        from qwenctl.cli import emit_json
+        from qwenctl.context import emit_json
 
         emit_json(result)
     else:

@@ -21,7 +21,7 @@ from qwenctl.daemon_link import EXIT_DAEMON_ERROR, EXIT_OK
 from qwenctxd.protocol import methods
 
 if TYPE_CHECKING:
-    from qwenctl.cli import Ctx
+    from qwenctl.context import Ctx
 
 
 def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
@@ -51,7 +51,7 @@ def _compress(ctx: Ctx, row: dict[str, Any], params: dict[str, Any]) -> dict[str
 
 
 def cmd_compress(ctx: Ctx) -> int:
-    from qwenctl.cli import emit_json
+    from qwenctl.context import emit_json
 
     a = ctx.args
     if a.session is None:

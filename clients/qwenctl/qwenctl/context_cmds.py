@@ -28,7 +28,7 @@ from qwenctl.daemon_link import EXIT_OK
 from qwenctxd.protocol import methods
 
 if TYPE_CHECKING:
-    from qwenctl.cli import Ctx
+    from qwenctl.context import Ctx
 
 
 def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
@@ -53,7 +53,7 @@ def default_session(ctx: Ctx, cwd: Path) -> dict[str, Any] | None:
 
 
 def cmd_context(ctx: Ctx) -> int:
-    from qwenctl.cli import emit_json
+    from qwenctl.context import emit_json
 
     if ctx.args.session is None:
         cwd = command_cwd(ctx)

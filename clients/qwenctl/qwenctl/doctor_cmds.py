@@ -35,7 +35,7 @@ from qwenctxd.paths import socket_path
 from qwenctxd.protocol import methods
 
 if TYPE_CHECKING:
-    from qwenctl.cli import Ctx
+    from qwenctl.context import Ctx
 
 INOTIFY_DIR = Path("/proc/sys/fs/inotify")
 WATCH_WARN_FRACTION = 0.8
@@ -242,7 +242,7 @@ def _print(checks: list[dict[str, Any]]) -> None:
 
 
 def cmd_doctor(ctx: Ctx) -> int:
-    from qwenctl.cli import emit_json
+    from qwenctl.context import emit_json
 
     checks: list[dict[str, Any]] = []
     sock, st = check_socket(ctx)

@@ -20,7 +20,7 @@ from qwenctxd.protocol import methods
 from qwenctxd.protocol.instructions import PROMPT_ENV_KEYS
 
 if TYPE_CHECKING:
-    from qwenctl.cli import Ctx
+    from qwenctl.context import Ctx
 
 MODES = ("interactive", "headless", "acp")
 
@@ -33,7 +33,7 @@ def prompt_env() -> dict[str, str]:
 
 
 def cmd_prompt(ctx: Ctx) -> int:
-    from qwenctl.cli import emit_json
+    from qwenctl.context import emit_json
 
     a = ctx.args
     cwd = command_cwd(ctx)
@@ -59,7 +59,7 @@ def cmd_prompt(ctx: Ctx) -> int:
 
 
 def cmd_instructions(ctx: Ctx) -> int:
-    from qwenctl.cli import emit_json
+    from qwenctl.context import emit_json
 
     cwd = command_cwd(ctx)
     res = ctx.call(methods.INSTRUCTIONS_FILES, {"cwd": cwd})

@@ -25,7 +25,7 @@ from qwenctl.daemon_link import EXIT_DAEMON_ERROR, EXIT_OK, EXIT_USAGE
 from qwenctxd.protocol import methods
 
 if TYPE_CHECKING:
-    from qwenctl.cli import Ctx
+    from qwenctl.context import Ctx
 
 SCOPES = ("project", "user", "team")
 
@@ -122,7 +122,7 @@ def _err(text: str) -> None:
 
 
 def _fail(ctx: Ctx, message: str, code: int = EXIT_DAEMON_ERROR, **data: Any) -> int:
-    from qwenctl.cli import emit_json
+    from qwenctl.context import emit_json
 
     _err(message)
     if ctx.args.json:
@@ -163,7 +163,7 @@ def cmd_memory(ctx: Ctx) -> int:
 
 
 def cmd_list(ctx: Ctx) -> int:
-    from qwenctl.cli import emit_json
+    from qwenctl.context import emit_json
 
     cwd = command_cwd(ctx)
     params: dict[str, Any] = {"cwd": cwd}
@@ -179,7 +179,7 @@ def cmd_list(ctx: Ctx) -> int:
 
 
 def cmd_recall(ctx: Ctx) -> int:
-    from qwenctl.cli import emit_json
+    from qwenctl.context import emit_json
 
     cwd = command_cwd(ctx)
     query = _query(ctx)
@@ -205,7 +205,7 @@ def _confirm(n: int) -> bool:
 
 
 def cmd_forget(ctx: Ctx) -> int:
-    from qwenctl.cli import emit_json
+    from qwenctl.context import emit_json
 
     a = ctx.args
     cwd = command_cwd(ctx)
@@ -254,7 +254,7 @@ def cmd_forget(ctx: Ctx) -> int:
 
 
 def cmd_status(ctx: Ctx) -> int:
-    from qwenctl.cli import emit_json
+    from qwenctl.context import emit_json
 
     cwd = command_cwd(ctx)
     res = ctx.call(methods.MEMORY_STATUS, {"cwd": cwd})
@@ -274,7 +274,7 @@ def cmd_add(ctx: Ctx) -> int:
 
 
 def cmd_dream(ctx: Ctx) -> int:
-    from qwenctl.cli import emit_json
+    from qwenctl.context import emit_json
 
     res = ctx.call(methods.MEMORY_DREAM, {"cwd": command_cwd(ctx), "force": bool(ctx.args.force)})
     if ctx.args.json:
@@ -317,7 +317,7 @@ def dream_skipped_line(res: dict[str, Any]) -> str:
 
 
 def cmd_log(ctx: Ctx) -> int:
-    from qwenctl.cli import emit_json
+    from qwenctl.context import emit_json
 
     res = ctx.call(methods.MEMORY_LOG, {"limit": ctx.args.limit})
     if ctx.args.json:
@@ -341,7 +341,7 @@ def cmd_log(ctx: Ctx) -> int:
 
 
 def cmd_undo(ctx: Ctx) -> int:
-    from qwenctl.cli import emit_json
+    from qwenctl.context import emit_json
 
     res = ctx.call(methods.MEMORY_UNDO, {"id": ctx.args.id})
     if ctx.args.json:

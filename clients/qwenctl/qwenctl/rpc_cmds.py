@@ -16,7 +16,7 @@ from qwenctl.daemon_link import EXIT_OK, EXIT_USAGE
 from qwenctxd.protocol import methods as table
 
 if TYPE_CHECKING:
-    from qwenctl.cli import Ctx
+    from qwenctl.context import Ctx
 
 
 def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
@@ -55,7 +55,7 @@ def type_label(schema: dict[str, Any]) -> str:
 
 
 def cmd_methods(ctx: Ctx) -> int:
-    from qwenctl.cli import emit_json
+    from qwenctl.context import emit_json
 
     doc = ctx.call(table.RPC_DISCOVER)
     served = {m["name"]: m for m in doc["methods"]}
@@ -89,7 +89,7 @@ def cmd_methods(ctx: Ctx) -> int:
 def cmd_call(ctx: Ctx) -> int:
     import json
 
-    from qwenctl.cli import emit_json
+    from qwenctl.context import emit_json
 
     raw = ctx.args.params
     params: Any = None

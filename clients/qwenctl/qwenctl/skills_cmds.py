@@ -25,7 +25,7 @@ from qwenctl.daemon_link import EXIT_OK
 from qwenctxd.protocol import methods
 
 if TYPE_CHECKING:
-    from qwenctl.cli import Ctx
+    from qwenctl.context import Ctx
 
 
 
@@ -78,7 +78,7 @@ def cmd_skills(ctx: Ctx) -> int:
 
 
 def cmd_list(ctx: Ctx) -> int:
-    from qwenctl.cli import emit_json
+    from qwenctl.context import emit_json
 
     cwd = command_cwd(ctx)
     res = ctx.call(methods.SKILLS_LIST, {"cwd": cwd})
@@ -90,7 +90,7 @@ def cmd_list(ctx: Ctx) -> int:
 
 
 def cmd_show(ctx: Ctx) -> int:
-    from qwenctl.cli import emit_json
+    from qwenctl.context import emit_json
 
     cwd = command_cwd(ctx)
     name = ctx.args.name
@@ -108,7 +108,7 @@ def cmd_show(ctx: Ctx) -> int:
 
 
 def cmd_review(ctx: Ctx) -> int:
-    from qwenctl.cli import emit_json
+    from qwenctl.context import emit_json
 
     action = getattr(ctx.args, "review_command", None) or "list"
     if action == "run":

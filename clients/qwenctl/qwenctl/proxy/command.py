@@ -15,7 +15,7 @@ from qwenctl.proxy import keys
 from qwenctxd.protocol import methods
 
 if TYPE_CHECKING:
-    from qwenctl.cli import Ctx
+    from qwenctl.context import Ctx
 
 UPSTREAM_KEY_ENV = "QWENCTXD_PROXY_UPSTREAM_KEY"
 
