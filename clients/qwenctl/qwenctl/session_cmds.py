@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from qwenctl.context import Ctx
     from qwenctxd.protocol.methods import Method
 
+P = TypeVar("P")
 R = TypeVar("R")
 
 UNKNOWN_MODEL = "unknown"
@@ -127,18 +128,20 @@ def _live(ctx: Ctx, session_id: str) -> dwire.SessionSummary | None:
     return None
 
 
-def with_open_session(ctx: Ctx, row: swire.SessionInfo,
-                      method: Method[swire.SessionIdParams, R]) -> R:
-    """Call ``method {session_id}``; a session not open in the daemon is resumed for the call
-    and closed again after it (with the placeholder model: ``session.list`` carries none)."""
+def with_open_session(ctx: Ctx, row: swire.SessionInfo, method: Method[P, R],
+                      params: P | None = None) -> R:
+    """Call ``method`` with ``params`` (default: ``{session_id}``); a session not open in the
+    daemon is resumed for the call and closed again after it (with the placeholder model:
+    ``session.list`` carries none)."""
     sid = row.session_id
     by_id = swire.SessionIdParams(session_id=sid)
+    call_params: Any = by_id if params is None else params
     if row.open:
-        return ctx.request(method, by_id)
+        return ctx.request(method, call_params)
     ctx.request(methods.SESSION_OPEN, swire.OpenParams(cwd=row.cwd, model=UNKNOWN_MODEL,
                                                        session_id=sid, resume=True))
     try:
-        return ctx.request(method, by_id)
+        return ctx.request(method, call_params)
     finally:
         try:
             ctx.request(methods.SESSION_CLOSE, by_id)
