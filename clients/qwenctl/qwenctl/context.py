@@ -2,8 +2,8 @@
 
 Below ``cli.py`` and every ``*_cmds.py`` (they import it; it imports none of them), so the
 entry point imports the commands and nothing imports the entry point. ``Ctx.request`` is the
-typed call (``methods.X`` with its params struct in, its result struct out); ``Ctx.call`` is
-kept for the raw ``qwenctl call`` command only. ``emit_json`` writes one JSON document — a
+typed call (``methods.X`` with its params struct in, its result struct out) — the only one:
+the raw ``qwenctl call`` command sends through ``ctx.client().call``. ``emit_json`` writes one JSON document — a
 result struct encodes to the same bytes the daemon sent for it.
 """
 
@@ -40,10 +40,6 @@ class Ctx:
                 autostart: bool | None = None) -> R:
         """The typed call of a table method: its result struct, or its RemoteError."""
         return self.client(autostart=autostart).request(method, params)
-
-    def call(self, method: str, params: Any = None, *, autostart: bool | None = None) -> Any:
-        """A raw call by wire name with JSON params (``qwenctl call`` only)."""
-        return self.client(autostart=autostart).call(method, params)
 
     def close(self) -> None:
         if self._client is not None:

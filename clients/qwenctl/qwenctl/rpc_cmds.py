@@ -101,5 +101,5 @@ def cmd_call(ctx: Ctx) -> int:
             sys.stderr.write("qwenctl: PARAMS must be a JSON object (or array)\n")
             return EXIT_USAGE
     # the one raw call of qwenctl: any wire name the user types, with the JSON they typed
-    emit_json(ctx.call(ctx.args.method, params))
+    emit_json(ctx.client().call(ctx.args.method, params))
     return EXIT_OK
