@@ -5,6 +5,8 @@ and the client error classes generated one per server code, grouped by kind."""
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 import threading
 
 import anyio
@@ -134,3 +136,11 @@ def test_async_client_over_a_connected_socket_pair(framing: Framing) -> None:
                 assert await c.request(methods.DAEMON_PING) == "pong"
 
     anyio.run(main)
+
+
+def test_the_blocking_client_imports_no_anyio() -> None:
+    """qwenctl starts fast: the sync client, its transport and the error mirror need no anyio."""
+    code = ("import sys; from qwenctxd.client import Client, SocketTransport, RetryLater; "
+            "print('anyio' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

@@ -61,14 +61,20 @@ __all__ = [
     "SessionHistory",
     "SessionNotFound",
     "SocketTransport",
+    "StreamTransport",
     "SystemPromptFileError",
     "call",
 ]
 
 
 def __getattr__(name: str) -> object:
+    """The anyio side, imported on first use (``Client`` alone never imports anyio)."""
     if name == "AsyncClient":
         from qwenctxd.client.aio import AsyncClient
 
         return AsyncClient
+    if name == "StreamTransport":
+        from qwenctxd.client.aio_transport import StreamTransport
+
+        return StreamTransport
     raise AttributeError(name)

@@ -58,11 +58,13 @@ class Client:
         timeout: float | None = 30.0,
         transport: Transport | None = None,
     ) -> None:
+        self.path: Path | None
         if transport is None:
             self.path = socket_path(path)
             transport = SocketTransport.connect(self.path, framing=framing, timeout=timeout)
-        else:
-            self.path = Path(path) if path is not None else Path(getattr(transport, "path", ""))
+        else:  # the socket path, when the transport was connected by one
+            where = path if path is not None else getattr(transport, "path", "")
+            self.path = Path(where) if where else None
         self.transport = transport
         self.framing = transport.framing
         self.rpc = RpcProtocol()
