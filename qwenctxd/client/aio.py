@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import anyio
 import anyio.abc
 
-from qwenctxd.client.aio_transport import StreamTransport
+from qwenctxd.client.aio_transport import AsyncTransport, StreamTransport
 from qwenctxd.client.errors import ConnectionLost
 from qwenctxd.client.sync import checked_params, method_name
 from qwenctxd.client.transport import RpcProtocol, is_notification
@@ -36,7 +36,7 @@ R = TypeVar("R")
 class AsyncClient:
     def __init__(
         self, path: str | os.PathLike[str] | None = None, *, framing: Framing = Framing.NDJSON,
-        transport: StreamTransport | None = None,
+        transport: AsyncTransport | None = None,
     ) -> None:
         self.path = socket_path(path) if transport is None or path is not None else None
         self.framing = transport.framing if transport is not None else framing

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import socket
+from typing import Protocol
 
 import anyio
 import anyio.abc
@@ -24,6 +25,22 @@ from qwenctxd.protocol.framing import FrameDecoder, Framing, FramingError, encod
 #: what a stream raises when the daemon's end is gone
 STREAM_CLOSED = (anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError,
                  anyio.ClosedResourceError, ConnectionError)
+
+
+class AsyncTransport(Protocol):
+    """An anyio frame transport (what :class:`~qwenctxd.client.aio.AsyncClient` drives); an
+    in-process one (a dispatcher behind memory streams) fits as well as a socket."""
+
+    framing: Framing
+
+    async def send(self, body: bytes) -> None:
+        """Frame ``body`` (one JSON text) and write it; safe for concurrent callers."""
+
+    async def receive(self) -> bytes:
+        """The next whole frame; ``ConnectionLost`` at the end of the stream."""
+
+    async def aclose(self) -> None:
+        """Close the connection."""
 
 
 class StreamTransport:

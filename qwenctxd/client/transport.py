@@ -26,6 +26,11 @@ daemon running in-process can hand a client one end of ``socket.socketpair()``::
 
     # or by path: Client(transport=SocketTransport.connect(path, timeout=5.0)) == Client(path)
 
+Any object with ``framing``, ``send(body)``, ``receive() -> frame`` and ``close()`` is a
+transport (:class:`Transport`; the async one is ``aio_transport.AsyncTransport`` with
+``aclose()``): an in-process transport that hands frames to a dispatcher directly plugs in the
+same way, and the clients above it do not change.
+
 Cheap to import (no anyio): qwenctl's start-up time depends on it.
 """
 
