@@ -24,7 +24,7 @@ from qwenctl import (
     session_cmds,
     skills_cmds,
 )
-from qwenctl.context import Ctx, emit_json, wire
+from qwenctl.context import Ctx, emit_json
 from qwenctl.daemon_link import (
     EXIT_DAEMON_ERROR,
     EXIT_OK,
@@ -46,7 +46,7 @@ def cmd_status(ctx: Ctx) -> int:
     if ctx.args.json:
         emit_json(st)
     else:
-        render.status(wire(st))
+        render.status(st)
     return EXIT_OK
 
 

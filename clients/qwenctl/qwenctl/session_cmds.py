@@ -171,8 +171,7 @@ def cmd_list(ctx: Ctx) -> int:
     if a.json:
         emit_json(res)
     else:
-        render_sessions.sessions_table(wire(res.sessions), title=title, home=home,
-                                       stream=sys.stdout)
+        render_sessions.sessions_table(res.sessions, title=title, home=home, stream=sys.stdout)
     return EXIT_OK
 
 
@@ -185,7 +184,7 @@ def cmd_show(ctx: Ctx) -> int:
     if ctx.args.json:
         emit_json({**wire(row), "live": live, **({"transcript": tr} if tr is not None else {})})
     else:
-        render_sessions.session_detail(wire(row), wire(live), home=home_dir(), stream=sys.stdout)
+        render_sessions.session_detail(row, live, home=home_dir(), stream=sys.stdout)
         if tr is not None:
             from qwenctl import render_transcript
 

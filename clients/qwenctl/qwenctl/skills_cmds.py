@@ -85,7 +85,7 @@ def cmd_list(ctx: Ctx) -> int:
     if ctx.args.json:
         emit_json(res)
     else:
-        render_skills.skills_report(wire(res), cwd=cwd, home=home_dir(), stream=sys.stdout)
+        render_skills.skills_report(res, cwd=cwd, home=home_dir(), stream=sys.stdout)
     return EXIT_OK  # load errors are information, not a failure
 
 
@@ -101,7 +101,7 @@ def cmd_show(ctx: Ctx) -> int:
         emit_json({**(wire(info) if info else {"name": loaded.name}), "base_dir": loaded.base_dir,
                    "content": loaded.content, "shadowed": shadowed})
         return EXIT_OK
-    render_skills.skill_detail(wire(info), wire(loaded), wire(shadowed), cwd=cwd, home=home_dir(), stream=sys.stdout)
+    render_skills.skill_detail(info, loaded, shadowed, cwd=cwd, home=home_dir(), stream=sys.stdout)
     return EXIT_OK
 
 
