@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from qwenctl import render_instructions
 from qwenctl.cmdutil import command_cwd, home_dir
-from qwenctl.context import emit_json, wire
+from qwenctl.context import emit_json
 from qwenctl.daemon_link import EXIT_OK
 from qwenctxd.protocol import instructions as iwire
 from qwenctxd.protocol import methods
@@ -48,7 +48,7 @@ def cmd_prompt(ctx: Ctx) -> int:
     sys.stdout.flush()
     sys.stdout.buffer.write(res.text.encode("utf-8", errors="surrogatepass") + b"\n")
     sys.stdout.buffer.flush()
-    render_instructions.prompt_report(wire(res), cwd=cwd, home=home_dir(), stream=sys.stderr)
+    render_instructions.prompt_report(res, cwd=cwd, home=home_dir(), stream=sys.stderr)
     return EXIT_OK
 
 
@@ -58,5 +58,5 @@ def cmd_instructions(ctx: Ctx) -> int:
     if ctx.args.json:
         emit_json(res)
     else:
-        render_instructions.instructions_report(wire(res), cwd=cwd, home=home_dir(), stream=sys.stdout)
+        render_instructions.instructions_report(res, cwd=cwd, home=home_dir(), stream=sys.stdout)
     return EXIT_OK  # problems are information, not a failure
