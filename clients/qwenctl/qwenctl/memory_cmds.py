@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from qwenctl import render, render_memory
 from qwenctl.cmdutil import command_cwd, emit_result, home_dir
-from qwenctl.context import emit_json, wire
+from qwenctl.context import emit_json
 from qwenctl.daemon_link import EXIT_DAEMON_ERROR, EXIT_OK, EXIT_USAGE
 from qwenctxd.protocol import instructions as iwire
 from qwenctxd.protocol import memory as mwire
@@ -170,7 +170,7 @@ def cmd_list(ctx: Ctx) -> int:
     if ctx.args.json:
         emit_json(res)
     else:
-        render_memory.memory_list_report(wire(res), cwd=cwd, scope=scope, home=home_dir(), stream=sys.stdout)
+        render_memory.memory_list_report(res, cwd=cwd, scope=scope, home=home_dir(), stream=sys.stdout)
     return EXIT_OK  # problems are information, not a failure
 
 
@@ -185,7 +185,7 @@ def cmd_recall(ctx: Ctx) -> int:
     if ctx.args.json:
         emit_json(res)
     else:
-        render_memory.memory_recall_report(wire(res), home=home_dir(), show_prompt=ctx.args.show_prompt,
+        render_memory.memory_recall_report(res, home=home_dir(), show_prompt=ctx.args.show_prompt,
                                     stream=sys.stdout)
     return EXIT_OK
 
@@ -215,7 +215,7 @@ def cmd_forget(ctx: Ctx) -> int:
             sys.stdout.write(f"nothing matches {query!r}\n")
         return EXIT_OK
     if not a.json:
-        render_memory.memory_candidates(wire(candidates), query=query, home=home, stream=sys.stdout)
+        render_memory.memory_candidates(candidates, query=query, home=home, stream=sys.stdout)
         sys.stdout.flush()
     selected = candidates
     if a.pick is not None:
@@ -250,7 +250,7 @@ def cmd_status(ctx: Ctx) -> int:
     if ctx.args.json:
         emit_json(res)
     else:
-        render_memory.memory_status_report(wire(res), cwd=cwd, home=home_dir(), stream=sys.stdout)
+        render_memory.memory_status_report(res, cwd=cwd, home=home_dir(), stream=sys.stdout)
     return EXIT_OK
 
 
