@@ -47,8 +47,9 @@ class Ctx:
 
 
 def wire(result: Any) -> Any:
-    """A result struct in the daemon's JSON shape (builtins), for the human renderers that are
-    written against that shape."""
+    """A result struct in the daemon's JSON shape (builtins): for a ``--json`` document that
+    merges a result with keys of its own, and for ``doctor``, whose report carries the wire
+    fields as details."""
     return msgspec.to_builtins(result)
 
 

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from qwenctl import render_context, session_cmds
 from qwenctl.cmdutil import add_session_args, command_cwd
-from qwenctl.context import emit_json, wire
+from qwenctl.context import emit_json
 from qwenctl.daemon_link import EXIT_OK
 from qwenctxd.protocol import methods
 from qwenctxd.protocol import session as swire
@@ -74,5 +74,5 @@ def cmd_context(ctx: Ctx) -> int:
     if not row.open:
         sys.stderr.write("qwenctl: note: the session was not open; it was resumed for this "
                          "picture, without the client's tool declarations\n")
-    render_context.context_report(wire(res), stream=sys.stdout, width=ctx.args.width)
+    render_context.context_report(res, stream=sys.stdout, width=ctx.args.width)
     return EXIT_OK

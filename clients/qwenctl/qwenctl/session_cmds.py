@@ -188,7 +188,7 @@ def cmd_show(ctx: Ctx) -> int:
         if tr is not None:
             from qwenctl import render_transcript
 
-            render_transcript.transcript(wire(tr), stream=sys.stdout,
+            render_transcript.transcript(tr, stream=sys.stdout,
                                          full=bool(getattr(ctx.args, "full", False)))
     return EXIT_OK
 
