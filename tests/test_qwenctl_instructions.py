@@ -6,8 +6,10 @@ import json
 import re
 from pathlib import Path
 
+import msgspec
 import pytest
 
+from qwenctxd.protocol import instructions as iwire
 from qwenctxd.testing.qwenctl_runs import qwenctl, qwenctl_bytes
 from qwenctxd.testing.spawn import SpawnedDaemon
 
@@ -232,12 +234,14 @@ def test_reports_render_with_rich_on_a_tty() -> None:
                         "bytes": 3, "truncated": False}],
              "errors": [], "rules": [], "project_root": "/h/r"}
     out = Tty()
-    render.instructions_report(files, cwd="/h/r", home="/h", stream=out)
+    render.instructions_report(msgspec.convert(files, iwire.InstructionsFilesResult),
+                               cwd="/h/r", home="/h", stream=out)
     assert "[b].md" in out.getvalue() and "imports d.md" in out.getvalue()
     assert out.getvalue().rstrip().endswith("problems: none")
     prompt = {"text": "x", "sections": [{"name": "identity", "chars": 1, "est_tokens": 1}],
               "files": [], "prefix_hash": "0123456789abcdef" * 4, "project_root": None,
               "errors": [{"path": "/etc/x", "kind": "refused", "message": "m"}]}
     out = Tty()
-    render.prompt_report(prompt, cwd="/h", home="/h", stream=out)
+    render.prompt_report(msgspec.convert(prompt, iwire.PromptSystemResult), cwd="/h", home="/h",
+                         stream=out)
     assert "prefix hash: 0123456789abcdef\n" in out.getvalue() and "refused" in out.getvalue()
