@@ -16,11 +16,11 @@ from qwenctxd.paths import home as home_dir
 from qwenctxd.project.registry import NAME_MAX, project_id_fits
 from qwenctxd.protocol import errors, methods
 from qwenctxd.protocol import instructions as wire
-from qwenctxd.server.dispatch import bind
+from qwenctxd.server.dispatch import handler
 from qwenctxd.skills.listing import SKILL_TOOL
 
 if TYPE_CHECKING:
-    from qwenctxd.server.app import Daemon
+    from qwenctxd.instructions.service import InstructionsService
     from qwenctxd.server.connection import Connection
 
 
@@ -48,17 +48,19 @@ def _problems(problems: list) -> list[wire.Problem]:  # type: ignore[type-arg]
     return [wire.Problem(path=str(p.path), kind=p.kind, message=p.message) for p in problems]
 
 
-def register(daemon: Daemon) -> None:
-    service = daemon.instructions
+class InstructionsHandlers:
+    def __init__(self, *, instructions: InstructionsService) -> None:
+        self.instructions = instructions
 
-    async def prompt_system(ctx: Connection, p: wire.PromptSystemParams) -> wire.PromptSystemResult:
+    @handler(methods.PROMPT_SYSTEM)
+    async def prompt_system(self, ctx: Connection, p: wire.PromptSystemParams
+                            ) -> wire.PromptSystemResult:
         cwd = checked_cwd(p.cwd)
         roles = tool_roles.classify([*p.tools, SKILL_TOOL]) if p.tools is not None else None
         agent = (p.agent or {}).get("name")
-        sp = await service.system_prompt(cwd, model=p.model, append=p.append,
-                                         interaction_mode=p.interaction_mode, env=p.env,
-                                         tool_roles=roles,
-                                         agent=agent if isinstance(agent, str) else None)
+        sp = await self.instructions.system_prompt(
+            cwd, model=p.model, append=p.append, interaction_mode=p.interaction_mode, env=p.env,
+            tool_roles=roles, agent=agent if isinstance(agent, str) else None)
         return wire.PromptSystemResult(
             text=sp.text,
             sections=[wire.Section(name=n, chars=c, est_tokens=t, omitted=c == 0)
@@ -69,9 +71,10 @@ def register(daemon: Daemon) -> None:
             errors=_problems(sp.problems),
         )
 
-    async def files(ctx: Connection, p: wire.CwdParams) -> wire.InstructionsFilesResult:
+    @handler(methods.INSTRUCTIONS_FILES)
+    async def files(self, ctx: Connection, p: wire.CwdParams) -> wire.InstructionsFilesResult:
         cwd = checked_cwd(p.cwd)
-        inst = await service.instruction_set(cwd)
+        inst = await self.instructions.instruction_set(cwd)
         rules = [
             wire.RuleInfo(path=str(r.path), conditional=False, paths=[], bytes=len(r.body))
             for r in inst.rules.baseline
@@ -91,35 +94,38 @@ def register(daemon: Daemon) -> None:
             project_root=str(inst.project_root) if inst.project_root else None,
         )
 
-    async def add_memory(ctx: Connection, p: wire.AddMemoryParams) -> wire.AddMemoryResult:
+    @handler(methods.INSTRUCTIONS_ADD_MEMORY)
+    async def add_memory(self, ctx: Connection, p: wire.AddMemoryParams) -> wire.AddMemoryResult:
         cwd = checked_cwd(p.cwd)
         try:
             memory_file.bullet(p.text)
         except ValueError:
             raise errors.InvalidParams("text is empty (nothing left after list markers)",
                                        data={"field": "text", "message": "empty"}) from None
-        settings = service.settings_for(cwd)
+        settings = self.instructions.settings_for(cwd)
         name = normalize_filenames(settings.context.file_name)[0]
         if p.scope == "global":
-            target, field = service.qwen_dir() / name, "scope"
+            target, field = self.instructions.qwen_dir() / name, "scope"
         else:
             field = "cwd"
             try:
                 with errors.client_path(field):
                     target = memory_file.project_target(
-                        cwd, name, git_root=service.project_root(cwd), home=home_dir(),
-                        qwen_home=service.qwen_dir())
+                        cwd, name, git_root=self.instructions.project_root(cwd), home=home_dir(),
+                        qwen_home=self.instructions.qwen_dir())
             except memory_file.NotInProject as exc:
                 raise errors.InvalidParams(str(exc), data={
                     "field": "cwd", "message": "not inside a project"}) from None
         with errors.client_path(field):  # e.g. QWEN.md is a directory
             path = await anyio.to_thread.run_sync(memory_file.add_memory, target, p.text)
-        service.invalidate_path(path)
+        self.instructions.invalidate_path(path)
         return wire.AddMemoryResult(path=str(path))
 
-    async def match_rules(ctx: Connection, p: wire.MatchRulesParams) -> wire.MatchRulesResult:
+    @handler(methods.INSTRUCTIONS_MATCH_RULES)
+    async def match_rules(self, ctx: Connection, p: wire.MatchRulesParams
+                          ) -> wire.MatchRulesResult:
         cwd = checked_cwd(p.cwd)
-        inst = await service.instruction_set(cwd)
+        inst = await self.instructions.instruction_set(cwd)
         root = inst.project_root or cwd
         out = []
         for rule in inst.rules.conditional:
@@ -133,11 +139,3 @@ def register(daemon: Daemon) -> None:
                     path=str(rule.path), paths=list(rule.patterns), matched=matched,
                     reminder=rule_reminder(rule.path, root, rule.body)))
         return wire.MatchRulesResult(rules=out)
-
-    for spec in (
-        bind(methods.PROMPT_SYSTEM, prompt_system),
-        bind(methods.INSTRUCTIONS_MATCH_RULES, match_rules),
-        bind(methods.INSTRUCTIONS_FILES, files),
-        bind(methods.INSTRUCTIONS_ADD_MEMORY, add_memory),
-    ):
-        daemon.dispatcher.register(spec)
