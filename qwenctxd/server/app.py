@@ -38,8 +38,8 @@ from qwenctxd.server import systemd, transport
 from qwenctxd.server.compose import build_services
 from qwenctxd.server.connection import Connection, ConnectionLimits
 from qwenctxd.server.dispatch import Dispatcher, error_frame
+from qwenctxd.server.handlers import served_specs
 from qwenctxd.server.lock import PidLock
-from qwenctxd.server.methods import served_specs
 from qwenctxd.tasks import TaskRecord
 from qwenctxd.tasks.supervise import supervise
 
