@@ -70,7 +70,7 @@ class Daemon:
         self.connection_limits = ConnectionLimits.of(self.settings)
         self.services = services = build_services(
             config, state=state_dir(), bump=self.bump, in_flight=lambda: self.in_flight_requests)
-        # the lifecycle below drives these; handlers get theirs from server.methods
+        # the lifecycle below drives these; handlers get theirs in server/handlers.py
         self.bus = services.bus
         self.tasks = services.tasks
         self.hub = services.hub
