@@ -40,8 +40,9 @@ class Mapped:
     session_id: str | None = None
     fps: list[str] = field(default_factory=list)
     roles: list[str] = field(default_factory=list)  # the role of each mapped message
-    #: the last recorded reply was no answer (empty, or cut off): a client that asks again
-    #: retries in the same session instead of regenerating into a fresh one
+    #: the last recorded reply was no answer (empty, cut off, or out of token budget): a
+    #: client that asks again retries in the same session instead of regenerating into a
+    #: fresh one
     reply_failed: bool = False
     awaiting: bool = False  # the last mapped input has no reply recorded yet
     pending: list[str] = field(default_factory=list)
@@ -140,7 +141,7 @@ class SessionMap:
     @staticmethod
     def _asked_again(st: Mapped, dialogue: list[dict[str, Any]], common: int, sent: int) -> bool:
         """The client asks its last user message again after getting no answer (an empty or
-        cut-off reply, as Qwen Code retries): its history is what was mapped up to and
+        cut-off reply, or one stopped by the token budget, as Qwen Code retries): its history is what was mapped up to and
         including that message, and only replies to it were mapped after. (Asking again
         after a real answer is a regenerate: a fresh session, the first one kept.)"""
         return (st.reply_failed and 0 < common == sent < len(st.fps)
@@ -149,8 +150,11 @@ class SessionMap:
                 and "user" not in st.roles[common:])
 
     async def record(self, st: Mapped, message: dict[str, Any],
-                     usage: dict[str, int] | None) -> None:
-        """Record the upstream reply (call with ``st.lock`` held)."""
+                     usage: dict[str, int] | None, finish_reason: str | None = None) -> None:
+        """Record the upstream reply (call with ``st.lock`` held). A reply that is no usable
+        answer — empty, cut off, or stopped by the token budget (``finish_reason`` "length":
+        Qwen Code asks the same again with a larger budget) — lets the client ask again in
+        this session."""
         await self.daemon.request(methods.SESSION_RECORD_MODEL, swire.RecordModelParams(
             session_id=st.session_id,  # type: ignore[arg-type]  # set by map() under the lock
             message=message,
@@ -159,7 +163,7 @@ class SessionMap:
         st.roles.append("assistant")
         text = message.get("content")
         text = text if isinstance(text, str) else ""
-        st.reply_failed = not message.get("tool_calls") and (
+        st.reply_failed = finish_reason == "length" or not message.get("tool_calls") and (
             not text.strip() or "[reply cut off:" in text)
         st.awaiting, st.last_prompt = False, None
         st.pending = [c["id"] for c in message.get("tool_calls") or []]
