@@ -12,7 +12,7 @@
   the main agent wrote memory in it, the tool results seen, the calls the daemon answered.
 
 What stays on :class:`Session` itself: identity (id, cwd, project root, model, env, title),
-the transcript (path, writer and its fsync pacing ``last_flush``), the lock, and the activity
+the transcript (path and writer; its fsync policy is the store's), the lock, and the activity
 clock (``started_at``, ``updated_at``, ``last_model_reply_at``; see :class:`TurnState` for why
 the last reply's time is not turn state).
 
@@ -127,6 +127,28 @@ class History:
         n = len(self.messages)
         return (sum(self.tokens[start:]) if n - start <= 64
                 else self.total - sum(self.tokens[:start]))
+
+    def user_turn_starts(self) -> list[int]:
+        """Where each user turn starts: a user message first or right after a reply."""
+        msgs = self.messages
+        return [i for i, m in enumerate(msgs) if m.get("role") == "user"
+                and (i == 0 or msgs[i - 1].get("role") == "assistant")]
+
+    def reply_start(self, keep_reasoning: str, epoch: str | None = None, count: int = 0) -> int:
+        """Where a reply's messages start for a client holding ``count`` messages of
+        ``epoch`` (0 when its copy is of another epoch, or none). Reasoning dropped from a
+        finished turn ("current_turn") changes messages the client holds, so it starts a new
+        epoch first."""
+        cut = self.last_user if self.last_user > 0 else 0
+        if cut > self.wire_cut:
+            if (self.reasoning_count and keep_reasoning == "current_turn"
+                    and any(m.get("role") == "assistant" and any(k in m for k in REASONING_KEYS)
+                            for m in self.messages[self.wire_cut:cut])):
+                self.rewrote()
+            self.wire_cut = cut
+        if epoch is None or epoch != self.epoch or count > len(self.messages):
+            return 0
+        return count
 
     def pending_tool_calls(self) -> list[str]:
         """Ids of the last assistant message's tool calls that have no result yet."""
@@ -269,8 +291,8 @@ class TurnState:
     Not here, on purpose: ``last_model_reply_at`` is the session's activity clock, not turn
     state — the idle micro-compaction trigger measures the gap from the last reply to the next
     turn and idle close reads it, so it must survive turn boundaries; it stays on
-    :class:`Session` with ``started_at`` and ``updated_at``. ``last_flush`` paces the
-    transcript's fsync whatever the turn, so it stays next to the writer on :class:`Session`.
+    :class:`Session` with ``started_at`` and ``updated_at``. The transcript's fsync pacing is
+    no turn state either: it is :class:`~qwenctxd.sessions.store.SessionStore`'s.
     """
 
     user_turn_open: bool = False
@@ -330,7 +352,6 @@ class Session:
     updated_at: float = field(default_factory=time.time)
     last_model_reply_at: float | None = None  # activity clock (see TurnState)
     title: str | None = None
-    last_flush: float = 0.0  # monotonic time of the last transcript fsync job
     deliveries: Deliveries = field(default_factory=Deliveries)
     turn: TurnState = field(default_factory=TurnState)
     #: the model server this session's agent talks to (``session.open`` ``model_base_url``;
@@ -355,6 +376,16 @@ class Session:
         self.history.replace(messages)
         self.usage.replaced(len(self.history.messages), keep_anchor_delta)
         self.updated_at = time.time()
+
+    def answered_tail(self) -> bool:
+        """True when the last reply's calls are all answered and the daemon answered some."""
+        msgs = self.history.messages
+        i = len(msgs)
+        own = False
+        while i and msgs[i - 1].get("role") == "tool":
+            own = own or msgs[i - 1].get("tool_call_id") in self.turn.daemon_answered
+            i -= 1
+        return own and i > 0 and msgs[i - 1].get("role") == "assistant"
 
     def estimate(self, system_tokens: int) -> tuple[int, bool]:
         """(prompt tokens, anchored?) for the history plus a system+tools of ``system_tokens``."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import anyio
@@ -21,21 +22,28 @@ import structlog
 
 from qwenctxd.compaction.summary import join_content
 from qwenctxd.compaction.thresholds import context_left_pct, level
+from qwenctxd.events import EventBus
 from qwenctxd.instructions.rules import relative_to_root, rule_reminder
+from qwenctxd.instructions.service import InstructionsService
 from qwenctxd.memory.outbound import render_outbound as render_memories
+from qwenctxd.memory.service import MemoryService
+from qwenctxd.model import ModelClient
 from qwenctxd.model.scheduler import endpoint_key, is_loopback
 from qwenctxd.protocol import errors
 from qwenctxd.protocol import session as wire
 from qwenctxd.protocol import turn_events as ev
 from qwenctxd.protocol.instructions import prefix_hash
 from qwenctxd.sessions import records
+from qwenctxd.sessions.agent_request import begin_foreground, end_foreground, system_prompt
 from qwenctxd.sessions.compacting import Compactor, Events, compute_thresholds
 from qwenctxd.sessions.content_parts import check_parts
 from qwenctxd.sessions.environment import environment_reminder
-from qwenctxd.sessions.manager import SessionManager
 from qwenctxd.sessions.state import REASONING_KEYS, Session, system_tokens
+from qwenctxd.sessions.store import SessionStore
 from qwenctxd.sessions.titles import auto_title
 from qwenctxd.skills import listing
+from qwenctxd.skills.service import SkillsService
+from qwenctxd.tasks import TaskRegistry
 
 log = structlog.get_logger("qwenctxd.turns")
 NOT_EXECUTED = "[Tool call not executed: the user sent a new message before it ran]"
@@ -44,14 +52,46 @@ EXTENSION_FIELDS = ("is_error",)  # kept in history for micro-compaction, never 
 
 
 class TurnPipeline:
-    def __init__(self, manager: SessionManager) -> None:
-        self.m = manager
-        self.compaction = Compactor(manager)
+    """``session.turn``, ``session.record_model``, ``session.rewind`` and ``session.compress``
+    over the collaborators each step needs: ``sessions`` finds an open session by id, ``store``
+    records and indexes, the instructions, skills and memory services give the reminders and
+    the system prompt, ``model`` is the daemon's model client (its scheduler, its side-query
+    endpoint), ``tasks`` runs the memory prefetch, ``bus`` hears of usage warnings and
+    ``compactor`` runs the compaction triggers. ``user_turn_hooks`` run when a user turn
+    begins (what it interrupts: dream, speculation); ``turn_complete_hooks`` after a completed
+    user turn (background work, reported as ``scheduled``)."""
+
+    def __init__(
+        self,
+        *,
+        sessions: Callable[[str], Session],
+        store: SessionStore,
+        instructions: InstructionsService,
+        model: Callable[[], ModelClient],
+        tasks: TaskRegistry,
+        bus: EventBus,
+        compactor: Compactor,
+        skills: SkillsService | None = None,
+        memory: MemoryService | None = None,
+        user_turn_hooks: Sequence[Callable[[Session], None]] = (),
+        turn_complete_hooks: Sequence[Callable[[Session], list[str]]] = (),
+    ) -> None:
+        self._session = sessions
+        self.store = store
+        self.instructions = instructions
+        self._model = model
+        self.tasks = tasks
+        self.bus = bus
+        self.compaction = compactor
+        self.skills = skills
+        self.memory = memory
+        self.user_turn_hooks = tuple(user_turn_hooks)
+        self.turn_complete_hooks = tuple(turn_complete_hooks)
         self._prefix: dict[tuple[str, int], str] = {}
 
     # -- session.turn ---------------------------------------------------------------------------
     async def turn(self, p: wire.TurnParams) -> wire.AssembledPrompt:
-        s = self.m.get(p.session_id)
+        s = self._session(p.session_id)
         if p.known is not None and p.known.count < 0:
             raise errors.InvalidParams("known.count must be 0 or more",
                                        data={"field": "known.count", "message": "negative"})
@@ -63,9 +103,9 @@ class TurnPipeline:
             if p.kind == "user" and s.title is None and p.text:
                 title = auto_title(p.text)
                 if title is not None:
-                    self.m.apply_title(s, title, source="auto")
+                    self.store.record_title(s, title, source="auto")
             if p.kind == "user":
-                for hook in self.m.user_turn_hooks:
+                for hook in self.user_turn_hooks:
                     hook(s)
             if p.kind == "user" and p.text:
                 self._start_prefetch(s, p.text, p.active_tools or [])
@@ -86,19 +126,19 @@ class TurnPipeline:
                 if merged_into is not None and msg is new_msgs[-1]:
                     # recorded as the delta (Qwen Code's mid-turn user message: resume appends
                     # its parts to the user message before); held as the whole merged message
-                    self.m.record(s, msg, subtype=records.SUBTYPE_MID_TURN)
+                    self.store.record(s, msg, subtype=records.SUBTYPE_MID_TURN)
                     s.append({"role": "user",
                               "content": join_content(merged_into.get("content"), msg["content"])})
                     continue
                 s.append(msg)
-                self.m.record(s, msg)
-            sp = await self.m.system_prompt(s)
+                self.store.record(s, msg)
+            sp = await system_prompt(self.instructions, s)
             sys_tok = system_tokens(sp.text, s.options.tools)
             await self.compaction.maybe_micro(s, events, sys_tok)
             await self.compaction.maybe_compress(s, events, sys_tok)
             prompt = self._assemble(s, sp.text, sp.prefix_hash, sys_tok, reminders, events,
                                     known=p.known)
-            self.m.begin_foreground(s)  # the agent's request goes out now: side queries yield
+            begin_foreground(self._model(), s)  # the agent's request goes out now: side queries yield
             return prompt
 
     def _incoming(self, s: Session, p: wire.TurnParams, events: Events
@@ -115,7 +155,7 @@ class TurnPipeline:
                     events.append(ev.DuplicateToolResult(tool_call_id=r.tool_call_id, index=i))
                     continue
                 results.append((i, r))
-            if not results and (pending or not p.tool_results and not self._answered_tail(s)):
+            if not results and (pending or not p.tool_results and not s.answered_tail()):
                 raise errors.InvalidParams("tool_results is empty",
                                            data={"field": "tool_results", "message": "empty"})
             seen: set[str] = set()
@@ -180,7 +220,7 @@ class TurnPipeline:
     async def _rule_reminders(self, s: Session, touched: list[str]) -> list[wire.Reminder]:
         if not touched:
             return []
-        inst = await self.m.instructions.instruction_set(s.cwd)
+        inst = await self.instructions.instruction_set(s.cwd)
         root = inst.project_root or s.cwd
         out = []
         for rule in inst.rules.conditional:
@@ -198,8 +238,8 @@ class TurnPipeline:
 
     # -- memory prefetch ---------------------------------------------------------------------------
     def _start_prefetch(self, s: Session, query: str, active_tools: list[str]) -> None:
-        memory = self.m.memory
-        tasks = self.m.tasks
+        memory = self.memory
+        tasks = self.tasks
         d = s.deliveries
         if d.prefetch is not None:
             old = d.prefetch
@@ -232,7 +272,7 @@ class TurnPipeline:
         if mode != "auto":
             return mode == "on"
         own = s.model_base_url
-        side = self.m.model.endpoint.base_url
+        side = self._model().endpoint.base_url
         return not (own and endpoint_key(own) == endpoint_key(side) and is_loopback(side))
 
     async def _take_prefetch(self, s: Session, *, wait: bool) -> wire.Reminder | None:
@@ -271,7 +311,7 @@ class TurnPipeline:
                              text=f"<system-reminder>\n{render_memories(fresh)}\n</system-reminder>")
 
     async def _skill_reminders(self, s: Session, touched: list[str]) -> list[wire.Reminder]:
-        skills = self.m.skills
+        skills = self.skills
         if skills is None:
             return []
         ss, generation = await skills.skillset(s.project_root, s.cwd)
@@ -322,7 +362,7 @@ class TurnPipeline:
 
     # -- compaction --------------------------------------------------------------------------------
     def _settings(self, s: Session):  # type: ignore[no-untyped-def]
-        return self.m.instructions.settings_for(s.cwd)
+        return self.instructions.settings_for(s.cwd)
 
     async def compress_now(self, p: wire.CompressParams) -> wire.CompressResult:
         """``session.compress`` (see :meth:`Compactor.compress_now`)."""
@@ -343,7 +383,7 @@ class TurnPipeline:
                            anchored=anchored)
         if lvl != "ok":
             events.append(ev.UsageWarning(level=lvl, prompt_tokens=tokens))
-            self.m.bus.publish("session/usage", {"session_id": s.id, "prompt_tokens": tokens,
+            self.bus.publish("session/usage", {"session_id": s.id, "prompt_tokens": tokens,
                                                  "window_tokens": s.options.window_tokens, "level": lvl})
         s.compaction.last_level = lvl
         key = (sys_hash, id(s.options.tools))
@@ -353,8 +393,10 @@ class TurnPipeline:
             if len(self._prefix) > 1024:
                 self._prefix.clear()
             self._prefix[key] = phash
-        self.m.schedule_index_touch(s)
-        start = self._messages_from(s, known)
+        self.store.schedule_touch(s)
+        keep = s.options.keep_reasoning
+        start = (s.history.reply_start(keep, known.epoch, known.count) if known is not None
+                 else s.history.reply_start(keep))
         if s.history.ext_count or (s.history.reasoning_count and s.options.keep_reasoning != "all"):
             messages = wire_messages(s.history.messages, s.options.keep_reasoning, start=start,
                                      cut=s.history.last_user if s.history.last_user > 0 else 0)
@@ -365,26 +407,10 @@ class TurnPipeline:
                                     events=ev.to_wire(events), prefix_hash=phash, session_id=s.id,
                                     epoch=s.history.epoch, messages_from=start)
 
-    @staticmethod
-    def _messages_from(s: Session, known: wire.KnownHistory | None) -> int:
-        """Where this reply's messages start: the client's ``known.count`` when its copy is of
-        the current epoch, else 0. Reasoning dropped from a finished turn ("current_turn")
-        changes messages the client holds, so it starts a new epoch first."""
-        cut = s.history.last_user if s.history.last_user > 0 else 0
-        if cut > s.history.wire_cut:
-            if (s.history.reasoning_count and s.options.keep_reasoning == "current_turn"
-                    and any(m.get("role") == "assistant" and any(k in m for k in REASONING_KEYS)
-                            for m in s.history.messages[s.history.wire_cut:cut])):
-                s.history.rewrote()
-            s.history.wire_cut = cut
-        if known is None or known.epoch != s.history.epoch or known.count > len(s.history.messages):
-            return 0
-        return known.count
-
     # -- session.record_model ----------------------------------------------------------------------
     async def record_model(self, p: wire.RecordModelParams) -> wire.RecordModelResult:
-        s = self.m.get(p.session_id)
-        self.m.end_foreground(s)
+        s = self._session(p.session_id)
+        end_foreground(self._model(), s)
         async with s.lock:
             msg = dict(p.message)
             if msg.get("role") != "assistant":
@@ -404,10 +430,10 @@ class TurnPipeline:
                 c.setdefault("type", "function")
             if msg.get("content") is None:
                 msg["content"] = ""  # C4: never content null, also when it only carries calls
-            if calls and self.m.memory is not None:
+            if calls and self.memory is not None:
                 from qwenctxd.agents.extraction import wrote_memory
 
-                roots = self.m.memory.roots(s.cwd)
+                roots = self.memory.roots(s.cwd)
                 if wrote_memory(msg, [r for r in (roots.project, roots.user) if r]):
                     s.turn.wrote_memory()
             s.append(msg)
@@ -417,17 +443,18 @@ class TurnPipeline:
                          "completion_tokens": p.usage.completion_tokens}
                 sys_tok = s.usage.last_system_tokens
                 if sys_tok is None:
-                    sp = await self.m.system_prompt(s)
+                    sp = await system_prompt(self.instructions, s)
                     sys_tok = system_tokens(sp.text, s.options.tools)
                 s.set_anchor(p.usage.prompt_tokens, p.usage.completion_tokens, sys_tok)
-            self.m.record(s, msg, usage=usage)
+            self.store.record(s, msg, usage=usage)
             answered = await self._answer_own_calls(s, calls)
             s.last_model_reply_at = time.time()
             complete = not calls
             scheduled: list[str] = []
             if complete and s.turn.finish_user_turn():
-                scheduled.extend(self.m.on_user_turn_complete(s))
-            self.m.schedule_index_touch(s)
+                for hook in self.turn_complete_hooks:
+                    scheduled.extend(hook(s))
+            self.store.schedule_touch(s)
             return wire.RecordModelResult(turn_complete=complete, scheduled=scheduled,
                                           answered=answered)
 
@@ -446,7 +473,7 @@ class TurnPipeline:
             if is_error:
                 msg["is_error"] = True
             s.append(msg)
-            self.m.record(s, msg)
+            self.store.record(s, msg)
             s.turn.answered_by_daemon(c["id"], limit=MAX_TOUCHED)
             out.append(wire.AnsweredCall(tool_call_id=c["id"], name=listing.SKILL_NAME,
                                          content=content))
@@ -462,7 +489,7 @@ class TurnPipeline:
         name = args.get("skill") if isinstance(args, dict) else None
         if not isinstance(name, str) or not name.strip():
             return "Error: the skill tool needs a `skill` argument naming a listed skill.", True
-        skills = self.m.skills
+        skills = self.skills
         if skills is None:
             return "Error: skills are not available in this session.", True
         ss, _gen = await skills.skillset(s.project_root, s.cwd)
@@ -477,25 +504,14 @@ class TurnPipeline:
             text += f"\nARGUMENTS: {extra.strip()}\n"
         return text, False
 
-    @staticmethod
-    def _answered_tail(s: Session) -> bool:
-        """True when the last reply's calls are all answered and the daemon answered some."""
-        i = len(s.history.messages)
-        own = False
-        while i and s.history.messages[i - 1].get("role") == "tool":
-            own = own or s.history.messages[i - 1].get("tool_call_id") in s.turn.daemon_answered
-            i -= 1
-        return own and i > 0 and s.history.messages[i - 1].get("role") == "assistant"
-
     # -- session.rewind ----------------------------------------------------------------------------
     async def rewind(self, p: wire.RewindParams) -> wire.RewindResult:
-        s = self.m.get(p.session_id)
+        s = self._session(p.session_id)
         async with s.lock:
             if p.turns < 1:
                 raise errors.InvalidParams("turns must be at least 1",
                                            data={"field": "turns", "message": "below 1"})
-            starts = [i for i, m in enumerate(s.history.messages) if m.get("role") == "user"
-                      and (i == 0 or s.history.messages[i - 1].get("role") == "assistant")]
+            starts = s.history.user_turn_starts()
             if p.turns > len(starts):
                 raise errors.InvalidParams(
                     f"turns {p.turns} is more than the {len(starts)} user turns in the history",
@@ -506,10 +522,10 @@ class TurnPipeline:
             while len(s.history.messages) > cut:
                 s.pop_last()
             s.turn.rewound()
-            self.m.record(s, {}, subtype=records.SUBTYPE_REWIND, payload={
+            self.store.record(s, {}, subtype=records.SUBTYPE_REWIND, payload={
                 "reason": "rewind", "turns": p.turns, "removedMessages": removed,
                 "compressedHistory": s.history.messages})
-            self.m.schedule_index_touch(s)
+            self.store.schedule_touch(s)
             log.info("rewind", session=s.id, turns=p.turns, removed=removed)
             return wire.RewindResult(removed_messages=removed, messages=len(s.history.messages))
 
