@@ -103,10 +103,10 @@ def build_services(config: ConfigStore, *, state: Path, bump: Callable[[str], No
     store = SessionStore(index_path=state / "sessions.sqlite", tasks=tasks)
     sessions = SessionManager(config=config, instructions=instructions, model=the_model,
                               tasks=tasks, store=store)
-    compactor = Compactor(sessions=sessions.get, store=store, instructions=instructions,
+    compactor = Compactor(sessions=sessions.sessions, store=store, instructions=instructions,
                           model=the_model, bus=bus)
     turns = TurnPipeline(
-        sessions=sessions.get, store=store, instructions=instructions, model=the_model,
+        sessions=sessions.sessions, store=store, instructions=instructions, model=the_model,
         tasks=tasks, bus=bus, compactor=compactor, skills=skills, memory=memory,
         user_turn_hooks=[lambda s: background.on_user_turn(s.cwd),
                          lambda s: speculation.abort_session(s.id)],

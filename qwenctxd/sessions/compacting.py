@@ -28,7 +28,7 @@ from qwenctxd.model import ModelClient
 from qwenctxd.protocol import session as wire
 from qwenctxd.protocol import turn_events as ev
 from qwenctxd.sessions.agent_request import system_prompt
-from qwenctxd.sessions.state import Session, system_tokens
+from qwenctxd.sessions.state import Session, SessionTable, system_tokens
 from qwenctxd.sessions.store import SessionStore
 from qwenctxd.skills.listing import SKILL_NAME
 
@@ -54,14 +54,14 @@ class Compression:
 
 
 class Compactor:
-    """The compaction triggers of a turn and ``session.compress``: ``sessions`` finds an open
-    session by id, ``store`` records what each step did, ``instructions`` gives the settings
+    """The compaction triggers of a turn and ``session.compress``: ``sessions`` the open
+    sessions by id, ``store`` records what each step did, ``instructions`` gives the settings
     and the system prompt, ``model`` summarises, ``bus`` hears of each compression."""
 
-    def __init__(self, *, sessions: Callable[[str], Session], store: SessionStore,
+    def __init__(self, *, sessions: SessionTable, store: SessionStore,
                  instructions: InstructionsService, model: Callable[[], ModelClient],
                  bus: EventBus) -> None:
-        self._session = sessions
+        self.sessions = sessions
         self.store = store
         self.instructions = instructions
         self._model = model
@@ -136,7 +136,7 @@ class Compactor:
     async def compress_now(self, p: wire.CompressParams) -> wire.CompressResult:
         """``session.compress``: ``fast`` clears old tool output at once (forced
         micro-compaction, reasoning stripped); ``full`` summarises the history with the model."""
-        s = self._session(p.session_id)
+        s = self.sessions.session(p.session_id)
         async with s.lock:
             sp = await system_prompt(self.instructions, s)
             sys_tok = system_tokens(sp.text, s.options.tools)

@@ -28,7 +28,7 @@ from qwenctxd.model import ModelClient
 from qwenctxd.protocol import errors
 from qwenctxd.protocol import session as wire
 from qwenctxd.sessions import agent_request, records, titles
-from qwenctxd.sessions.state import History, Session, SessionOptions
+from qwenctxd.sessions.state import History, Session, SessionOptions, SessionTable
 from qwenctxd.sessions.store import SessionStore
 from qwenctxd.sessions.window import session_window
 from qwenctxd.skills.listing import SKILL_NAME, SKILL_TOOL
@@ -55,7 +55,7 @@ class SessionManager:
         self._model = model
         self.tasks = tasks
         self.store = store
-        self.sessions: dict[str, Session] = {}
+        self.sessions = SessionTable()
         self._environ = environ if environ is not None else os.environ
         self._opened_at: dict[str, float] = {}  # wall time each session was opened here
 
@@ -74,11 +74,7 @@ class SessionManager:
         await self.store.aclose()
 
     def get(self, session_id: str) -> Session:
-        s = self.sessions.get(session_id)
-        if s is None:
-            raise errors.SessionNotFound(f"unknown session {session_id}",
-                                         data={"session_id": session_id})
-        return s
+        return self.sessions.session(session_id)
 
     # -- open / resume ------------------------------------------------------------------------
     async def open(self, cwd: Path, p: wire.OpenParams) -> wire.OpenResult:

@@ -10,6 +10,7 @@
 * :class:`Deliveries` — touched paths and what rules, skills and memory have been delivered.
 * :class:`TurnState` — the agent loop's turn bookkeeping: whether a user turn is open, whether
   the main agent wrote memory in it, the tool results seen, the calls the daemon answered.
+* :class:`SessionTable` — the open sessions by id (the manager's, read by the pipeline).
 
 What stays on :class:`Session` itself: identity (id, cwd, project root, model, env, title),
 the transcript (path and writer; its fsync policy is the store's), the lock, and the activity
@@ -35,6 +36,7 @@ import anyio
 from qwenctxd.compaction.estimate import message_tokens
 from qwenctxd.compaction.micro import tool_result_chars
 from qwenctxd.compaction.thresholds import Breaker
+from qwenctxd.protocol import errors
 from qwenctxd.sessions.jsonl_writer import JsonlWriter
 from qwenctxd.tokens import estimate_tokens
 
@@ -394,6 +396,19 @@ class Session:
     def set_anchor(self, prompt_tokens: int, completion_tokens: int, system_tokens: int) -> None:
         """Anchor on the API's count for the whole history as it stands."""
         self.usage.set(prompt_tokens, completion_tokens, system_tokens, len(self.history.messages))
+
+
+class SessionTable(dict[str, Session]):
+    """The daemon's open sessions by id: the manager opens and closes them, the turn pipeline
+    and the compactor look them up."""
+
+    def session(self, session_id: str) -> Session:
+        """The open session ``session_id`` (SessionNotFound when none is open)."""
+        s = self.get(session_id)
+        if s is None:
+            raise errors.SessionNotFound(f"unknown session {session_id}",
+                                         data={"session_id": session_id})
+        return s
 
 
 _SYSTEM_TOKENS: dict[tuple[str, int], tuple[list[dict[str, Any]], int]] = {}

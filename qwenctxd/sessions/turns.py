@@ -38,7 +38,7 @@ from qwenctxd.sessions.agent_request import begin_foreground, end_foreground, sy
 from qwenctxd.sessions.compacting import Compactor, Events, compute_thresholds
 from qwenctxd.sessions.content_parts import check_parts
 from qwenctxd.sessions.environment import environment_reminder
-from qwenctxd.sessions.state import REASONING_KEYS, Session, system_tokens
+from qwenctxd.sessions.state import REASONING_KEYS, Session, SessionTable, system_tokens
 from qwenctxd.sessions.store import SessionStore
 from qwenctxd.sessions.titles import auto_title
 from qwenctxd.skills import listing
@@ -53,7 +53,7 @@ EXTENSION_FIELDS = ("is_error",)  # kept in history for micro-compaction, never 
 
 class TurnPipeline:
     """``session.turn``, ``session.record_model``, ``session.rewind`` and ``session.compress``
-    over the collaborators each step needs: ``sessions`` finds an open session by id, ``store``
+    over the collaborators each step needs: ``sessions`` the open sessions by id, ``store``
     records and indexes, the instructions, skills and memory services give the reminders and
     the system prompt, ``model`` is the daemon's model client (its scheduler, its side-query
     endpoint), ``tasks`` runs the memory prefetch, ``bus`` hears of usage warnings and
@@ -64,7 +64,7 @@ class TurnPipeline:
     def __init__(
         self,
         *,
-        sessions: Callable[[str], Session],
+        sessions: SessionTable,
         store: SessionStore,
         instructions: InstructionsService,
         model: Callable[[], ModelClient],
@@ -76,7 +76,7 @@ class TurnPipeline:
         user_turn_hooks: Sequence[Callable[[Session], None]] = (),
         turn_complete_hooks: Sequence[Callable[[Session], list[str]]] = (),
     ) -> None:
-        self._session = sessions
+        self.sessions = sessions
         self.store = store
         self.instructions = instructions
         self._model = model
@@ -91,7 +91,7 @@ class TurnPipeline:
 
     # -- session.turn ---------------------------------------------------------------------------
     async def turn(self, p: wire.TurnParams) -> wire.AssembledPrompt:
-        s = self._session(p.session_id)
+        s = self.sessions.session(p.session_id)
         if p.known is not None and p.known.count < 0:
             raise errors.InvalidParams("known.count must be 0 or more",
                                        data={"field": "known.count", "message": "negative"})
@@ -409,7 +409,7 @@ class TurnPipeline:
 
     # -- session.record_model ----------------------------------------------------------------------
     async def record_model(self, p: wire.RecordModelParams) -> wire.RecordModelResult:
-        s = self._session(p.session_id)
+        s = self.sessions.session(p.session_id)
         end_foreground(self._model(), s)
         async with s.lock:
             msg = dict(p.message)
@@ -506,7 +506,7 @@ class TurnPipeline:
 
     # -- session.rewind ----------------------------------------------------------------------------
     async def rewind(self, p: wire.RewindParams) -> wire.RewindResult:
-        s = self._session(p.session_id)
+        s = self.sessions.session(p.session_id)
         async with s.lock:
             if p.turns < 1:
                 raise errors.InvalidParams("turns must be at least 1",
