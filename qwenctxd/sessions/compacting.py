@@ -30,7 +30,6 @@ from qwenctxd.protocol import turn_events as ev
 from qwenctxd.sessions.agent_request import system_prompt
 from qwenctxd.sessions.state import Session, SessionTable, system_tokens
 from qwenctxd.sessions.store import SessionStore
-from qwenctxd.skills.listing import SKILL_NAME
 
 log = structlog.get_logger("qwenctxd.turns")
 compute_thresholds = functools.lru_cache(maxsize=256)(_compute_thresholds)  # same per session
@@ -175,7 +174,7 @@ class Compactor:
             estimate_history=lambda h: history_tokens(h, image_tokens=s.history.image_tokens),
             pre_hook=pre_hook if hook_cfg.get("PreCompact") else None,
             post_hook=post_hook if hook_cfg.get("PostCompact") else None,
-            file_tools=restoration_tools(s),
+            file_tools=s.options.restoration_tools(),
             touched_paths=list(s.deliveries.touched),
             max_files=settings.model.chat_compression.max_recent_files_to_retain,
             max_images=settings.model.chat_compression.max_recent_images_to_retain,
@@ -206,13 +205,3 @@ class Compactor:
                            events=events,
                            cause=None if result.status == "compressed" else result.error)
 
-
-def restoration_tools(s: Session) -> dict[str, str] | None:
-    """The file tools whose calls name the files to restore after compaction: the declared
-    ones, Qwen Code's when the client declared none (the daemon's own ``skill`` tool, added to
-    every session, is not a declaration)."""
-    roles = s.options.tool_roles
-    if roles is None:
-        return None
-    own = frozenset({SKILL_NAME}) if s.options.own_skill else frozenset()
-    return roles.restoration_tools(own=own)

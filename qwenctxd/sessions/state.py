@@ -38,6 +38,7 @@ from qwenctxd.compaction.micro import tool_result_chars
 from qwenctxd.compaction.thresholds import Breaker
 from qwenctxd.protocol import errors
 from qwenctxd.sessions.jsonl_writer import JsonlWriter
+from qwenctxd.skills.listing import SKILL_NAME
 from qwenctxd.tokens import estimate_tokens
 
 Message = dict[str, Any]
@@ -234,6 +235,15 @@ class SessionOptions:
     keep_reasoning: str = "current_turn"
     own_skill: bool = True
     window_source: str = "default"  # sessions/window.py: client|upstream|settings|config|default
+
+    def restoration_tools(self) -> dict[str, str] | None:
+        """The file tools whose calls name the files to restore after compaction: the declared
+        ones, Qwen Code's when the client declared none (the daemon's own ``skill`` tool, added
+        to every session, is not a declaration)."""
+        if self.tool_roles is None:
+            return None
+        own = frozenset({SKILL_NAME}) if self.own_skill else frozenset()
+        return self.tool_roles.restoration_tools(own=own)
 
 
 @dataclass

@@ -20,7 +20,6 @@ from typing import Any
 import anyio
 import structlog
 
-from qwenctxd.compaction.summary import join_content
 from qwenctxd.compaction.thresholds import context_left_pct, level
 from qwenctxd.events import EventBus
 from qwenctxd.instructions.rules import relative_to_root, rule_reminder
@@ -127,8 +126,7 @@ class TurnPipeline:
                     # recorded as the delta (Qwen Code's mid-turn user message: resume appends
                     # its parts to the user message before); held as the whole merged message
                     self.store.record(s, msg, subtype=records.SUBTYPE_MID_TURN)
-                    s.append({"role": "user",
-                              "content": join_content(merged_into.get("content"), msg["content"])})
+                    s.append(records.merged_user(merged_into, msg))
                     continue
                 s.append(msg)
                 self.store.record(s, msg)
