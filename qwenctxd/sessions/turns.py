@@ -382,7 +382,7 @@ class TurnPipeline:
         if lvl != "ok":
             events.append(ev.UsageWarning(level=lvl, prompt_tokens=tokens))
             self.bus.publish("session/usage", {"session_id": s.id, "prompt_tokens": tokens,
-                                                 "window_tokens": s.options.window_tokens, "level": lvl})
+                                               "window_tokens": s.options.window_tokens, "level": lvl})
         s.compaction.last_level = lvl
         key = (sys_hash, id(s.options.tools))
         phash = self._prefix.get(key)
