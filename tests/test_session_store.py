@@ -9,6 +9,8 @@ from pathlib import Path
 import anyio
 import pytest
 
+from qwenctxd.config import ConfigStore
+from qwenctxd.project import Project
 from qwenctxd.protocol import errors
 from qwenctxd.sessions import records
 from qwenctxd.sessions.state import Session, SessionOptions
@@ -38,7 +40,9 @@ def live_session(store: SessionStore, cwd: Path) -> Session:
     sid = str(uuid.uuid4())
     path = records.session_path(cwd, sid)
     opts = SessionOptions(window_tokens=100_000, auto_compact_threshold=0.7, tools=[])
-    return Session(id=sid, cwd=cwd, project_root=None, model="m", options=opts, env={},
+    project = Project(root=None, anchor=cwd, home=cwd, qwen_home=cwd / ".qwen",
+                      config=ConfigStore(home=cwd, xdg_config=cwd))
+    return Session(id=sid, cwd=cwd, project=project, model="m", options=opts, env={},
                    path=path, writer=store.writer_for(path))
 
 

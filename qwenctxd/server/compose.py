@@ -6,7 +6,7 @@ patched in afterwards and nothing is looked up in module globals. Order, bottom 
 
     bus, tasks, watch hub, model client, project registry (cwd → one Project per repository)
     instructions  (its memory section comes from the memory service, bound below)
-    memory        (project roots from the registry)
+    memory        (every call brings its resolved Project; no registry of its own)
     skills, audit log, extractor, skill reviewer, speculation
     background    (extraction, dream and skill review after turns; the idle dream loop)
     sessions      the store (transcripts, fsync, index), the manager (the open sessions),
@@ -33,7 +33,7 @@ from qwenctxd.instructions.service import InstructionsService
 from qwenctxd.memory.service import MemoryService
 from qwenctxd.model import ModelClient
 from qwenctxd.model.scheduler import EndpointScheduler
-from qwenctxd.project import ProjectRegistry
+from qwenctxd.project import Project, ProjectRegistry
 from qwenctxd.server.background import Background
 from qwenctxd.sessions.compacting import Compactor
 from qwenctxd.sessions.manager import SessionManager
@@ -81,25 +81,23 @@ def build_services(config: ConfigStore, *, state: Path, bump: Callable[[str], No
 
     memory: MemoryService | None = None
 
-    def memory_section(root: Path | None, cwd: Path) -> str:
-        return memory.prompt_section(root, cwd) if memory is not None else ""
+    def memory_section(project: Project) -> str:
+        return memory.prompt_section(project) if memory is not None else ""
 
-    def memory_stamp(root: Path | None, cwd: Path) -> object:
-        return memory.prompt_stamp(root, cwd) if memory is not None else None
+    def memory_stamp(project: Project) -> object:
+        return memory.prompt_stamp(project) if memory is not None else None
 
     instructions = InstructionsService(
-        config, hub, tasks, on_rebuild=lambda: bump("instructions_rebuilds"),
-        memory_section=memory_section, memory_stamp=memory_stamp, projects=projects)
-    memory = MemoryService(config, hub, tasks, bus, model=the_model, projects=projects)
-    skills = SkillsService(config, hub, tasks, bus, on_refresh=lambda: bump("skills_refreshes"),
-                           projects=projects)
+        hub, tasks, projects=projects, on_rebuild=lambda: bump("instructions_rebuilds"),
+        memory_section=memory_section, memory_stamp=memory_stamp)
+    memory = MemoryService(hub, tasks, bus, model=the_model)
+    skills = SkillsService(hub, tasks, bus, on_refresh=lambda: bump("skills_refreshes"))
     audit = AuditLog(state)
     extractor = Extractor(memory, audit, tasks, the_model)
     reviewer = SkillReviewer(audit=audit, home=projects.home, qwen_dir=projects.qwen_home)
     speculation = SpeculationManager()
-    background = Background(config=config, tasks=tasks, model=model, memory=memory,
-                            instructions=instructions, audit=audit, extractor=extractor,
-                            reviewer=reviewer, in_flight=in_flight)
+    background = Background(tasks=tasks, model=model, memory=memory, audit=audit,
+                            extractor=extractor, reviewer=reviewer, in_flight=in_flight)
     store = SessionStore(index_path=state / "sessions.sqlite", tasks=tasks)
     sessions = SessionManager(config=config, instructions=instructions, model=the_model,
                               tasks=tasks, store=store)
@@ -108,7 +106,7 @@ def build_services(config: ConfigStore, *, state: Path, bump: Callable[[str], No
     turns = TurnPipeline(
         sessions=sessions.sessions, store=store, instructions=instructions, model=the_model,
         tasks=tasks, bus=bus, compactor=compactor, skills=skills, memory=memory,
-        user_turn_hooks=[lambda s: background.on_user_turn(s.cwd),
+        user_turn_hooks=[lambda s: background.on_user_turn(s.project),
                          lambda s: speculation.abort_session(s.id)],
         turn_complete_hooks=[background.on_turn_complete],
     )

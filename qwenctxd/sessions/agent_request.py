@@ -15,7 +15,7 @@ async def system_prompt(instructions: InstructionsService, s: Session) -> Any:
     """The system prompt of ``s``: its model, env, declared tools, agent identity and the git
     snapshot taken when it opened."""
     return await instructions.system_prompt(
-        s.cwd, model=s.model, env=s.env, tool_roles=s.options.tool_roles,
+        s.project, s.cwd, model=s.model, env=s.env, tool_roles=s.options.tool_roles,
         agent=(s.options.agent or {}).get("name"), git_snapshot=s.git_snapshot)
 
 

@@ -22,6 +22,7 @@ from qwenctxd.compaction import micro, post_compact
 from qwenctxd.compaction.estimate import history_tokens
 from qwenctxd.compaction.thresholds import compute_thresholds as _compute_thresholds
 from qwenctxd.compaction.thresholds import level
+from qwenctxd.config.schema import Settings
 from qwenctxd.events import EventBus
 from qwenctxd.instructions.service import InstructionsService
 from qwenctxd.model import ModelClient
@@ -66,8 +67,9 @@ class Compactor:
         self._model = model
         self.bus = bus
 
-    def settings(self, s: Session):  # type: ignore[no-untyped-def]
-        return self.instructions.settings_for(s.cwd)
+    @staticmethod
+    def settings(s: Session) -> Settings:
+        return s.project.settings
 
     async def maybe_micro(self, s: Session, events: Events, sys_tok: int) -> None:
         idle = self.settings(s).context.clear_context_on_idle
@@ -170,7 +172,7 @@ class Compactor:
 
         result = await post_compact.compress(
             self._model(), s.history.messages, trigger=trigger, focus=focus,
-            workspace_root=s.project_root or s.cwd, tokens_before=history_before,
+            workspace_root=s.project.anchor, tokens_before=history_before,
             estimate_history=lambda h: history_tokens(h, image_tokens=s.history.image_tokens),
             pre_hook=pre_hook if hook_cfg.get("PreCompact") else None,
             post_hook=post_hook if hook_cfg.get("PostCompact") else None,

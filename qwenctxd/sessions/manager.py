@@ -25,6 +25,7 @@ from qwenctxd.config import ConfigStore
 from qwenctxd.instructions import tool_roles
 from qwenctxd.instructions.service import InstructionsService
 from qwenctxd.model import ModelClient
+from qwenctxd.project import Project
 from qwenctxd.protocol import errors
 from qwenctxd.protocol import session as wire
 from qwenctxd.sessions import agent_request, records, titles
@@ -77,7 +78,9 @@ class SessionManager:
         return self.sessions.session(session_id)
 
     # -- open / resume ------------------------------------------------------------------------
-    async def open(self, cwd: Path, p: wire.OpenParams) -> wire.OpenResult:
+    async def open(self, project: Project, cwd: Path, p: wire.OpenParams) -> wire.OpenResult:
+        """Open (or resume, or join) a session in ``cwd``; ``project`` is ``cwd``'s, resolved
+        at the wire edge, and stays on the session."""
         if p.session_id and p.session_id in self.sessions:
             s = self.sessions[p.session_id]  # another client continues the same session
             self._opened_at[s.id] = time.time()
@@ -89,8 +92,7 @@ class SessionManager:
                                    window_source=s.options.window_source, path=str(s.path))
         if p.session_id is not None:
             checked_id(p.session_id)
-        settings = self.instructions.settings_for(cwd)
-        root = self.instructions.project_root(cwd)
+        settings = project.settings
         session_id = p.session_id or str(uuid.uuid4())
         path = records.session_path(cwd, session_id)
         resumed = False
@@ -122,7 +124,7 @@ class SessionManager:
             tool_roles=tool_roles.classify(tools), agent=agent, keep_reasoning=keep,
             own_skill=not any(tool_roles.tool_name(t) == SKILL_NAME for t in client_tools))
         s = Session(
-            id=session_id, cwd=cwd, project_root=root, model=p.model, options=opts, env=env,
+            id=session_id, cwd=cwd, project=project, model=p.model, options=opts, env=env,
             path=path, model_base_url=p.model_base_url,
             writer=self.store.writer_for(path),
             history=History(image_tokens=int(self._environ.get("QWEN_IMAGE_TOKEN_ESTIMATE", 0))
@@ -150,12 +152,12 @@ class SessionManager:
             torn = [t.line_no for t in state.torn]
             for t in state.torn:
                 warnings.append(f"skipped unreadable line {t.line_no} of {path.name}: {t.reason}")
-        from qwenctxd.paths import qwen_home
         from qwenctxd.sessions import shared_file
 
-        for holder in await anyio.to_thread.run_sync(shared_file.holders, qwen_home(), session_id):
+        for holder in await anyio.to_thread.run_sync(shared_file.holders, project.qwen_home,
+                                                     session_id):
             warnings.append(shared_file.held_warning(holder))
-        s.git_snapshot = await self.instructions.git_snapshot(cwd)
+        s.git_snapshot = await self.instructions.git_snapshot(project)
         self.sessions[session_id] = s
         self._opened_at[session_id] = time.time()
         sp = await self.system_prompt(s)
@@ -200,7 +202,7 @@ class SessionManager:
     async def project_summary(self, session_id: str) -> wire.ProjectSummaryResult:
         s = self.get(session_id)
         text = await recap_mod.project_summary(self.model, list(s.history.messages))
-        target = (s.project_root or s.cwd) / ".qwen" / PROJECT_SUMMARY_NAME
+        target = s.project.anchor / ".qwen" / PROJECT_SUMMARY_NAME
         from qwenctxd.fsutil import atomic_write
 
         await anyio.to_thread.run_sync(atomic_write, target, text.rstrip() + "\n")

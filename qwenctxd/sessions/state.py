@@ -12,7 +12,7 @@
   the main agent wrote memory in it, the tool results seen, the calls the daemon answered.
 * :class:`SessionTable` — the open sessions by id (the manager's, read by the pipeline).
 
-What stays on :class:`Session` itself: identity (id, cwd, project root, model, env, title),
+What stays on :class:`Session` itself: identity (id, cwd, its resolved project, model, env, title),
 the transcript (path and writer; its fsync policy is the store's), the lock, and the activity
 clock (``started_at``, ``updated_at``, ``last_model_reply_at``; see :class:`TurnState` for why
 the last reply's time is not turn state).
@@ -29,7 +29,7 @@ import secrets
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
@@ -40,6 +40,9 @@ from qwenctxd.protocol import errors
 from qwenctxd.sessions.jsonl_writer import JsonlWriter
 from qwenctxd.skills.listing import SKILL_NAME
 from qwenctxd.tokens import estimate_tokens
+
+if TYPE_CHECKING:
+    from qwenctxd.project import Project
 
 Message = dict[str, Any]
 REASONING_KEYS = ("reasoning_content", "reasoning", "thinking", "reasoning_details")
@@ -349,7 +352,8 @@ class TurnState:
 class Session:
     id: str
     cwd: Path
-    project_root: Path | None
+    #: resolved once, when the session opened; services read root, anchor and settings here
+    project: Project
     model: str
     options: SessionOptions
     env: dict[str, str]

@@ -105,7 +105,7 @@ class SessionStore:
             self._last_fsync[s.id] = now
             writer = s.writer
             self.tasks.submit("jsonl-flush", lambda: anyio.to_thread.run_sync(_fsync, writer),
-                              key=f"jsonl-flush:{s.id}", project=str(s.cwd))
+                              key=f"jsonl-flush:{s.id}", project=str(s.project.anchor))
 
     def close_writer(self, s: Session) -> None:
         """Close (and so fsync) ``s``'s transcript."""
@@ -119,7 +119,7 @@ class SessionStore:
             session_id=s.id, path=str(s.path), cwd=str(s.cwd), started_at=iso(s.started_at),
             updated_at=iso(s.updated_at), messages=len(s.history.messages), title=s.title,
             size=_size(s.path), mtime_ns=_mtime(s.path))
-        await self.index.upsert(summary, project=str(s.cwd))
+        await self.index.upsert(summary, project=str(s.project.anchor))
 
     def schedule_touch(self, s: Session) -> None:
         """Refresh ``s``'s index row (time, size, messages, title) in a background job."""
@@ -130,7 +130,7 @@ class SessionStore:
             await self.index.touch(s.id, updated_at=iso(s.updated_at), messages=len(s.history.messages),
                                    size=_size(s.path), mtime_ns=_mtime(s.path), title=s.title)
 
-        self.tasks.submit("index", touch, key=f"index:{s.id}", project=str(s.cwd))
+        self.tasks.submit("index", touch, key=f"index:{s.id}", project=str(s.project.anchor))
 
     async def rows(self, project: str | None) -> list[dict[str, Any]]:
         """The index rows (of ``project``'s sessions, or all), after a re-sync from the files."""

@@ -12,7 +12,7 @@ from qwenctxd.memory.outbound import OUTBOUND
 from qwenctxd.protocol import errors, methods
 from qwenctxd.protocol import memory as wire
 from qwenctxd.server.dispatch import bind
-from qwenctxd.server.methods.instructions_methods import checked_cwd
+from qwenctxd.server.methods.instructions_methods import checked_project
 
 if TYPE_CHECKING:
     from qwenctxd.server.app import Daemon
@@ -25,11 +25,12 @@ RECALL_SELECTOR_WAIT_S = 5.0
 
 def register(daemon: Daemon) -> None:
     service = daemon.memory
+    projects = daemon.projects
 
     async def list_(ctx: Connection, p: wire.ListParams) -> wire.ListResult:
-        cwd = checked_cwd(p.cwd)
-        docs = await service.list(cwd, p.scope)
-        proj = await service.project(cwd)
+        _cwd, project = checked_project(projects, p.cwd)
+        docs = await service.list(project, p.scope)
+        proj = await service.load(project)
         return wire.ListResult(
             docs=[wire.DocInfo(path=str(d.path), scope=d.scope, type=d.type,
                                name=OUTBOUND.text(d.name, escape=False),
@@ -39,8 +40,8 @@ def register(daemon: Daemon) -> None:
             problems=[{"path": str(pp), "message": m} for pp, m in proj.problems])
 
     async def recall(ctx: Connection, p: wire.RecallParams) -> wire.RecallResult:
-        cwd = checked_cwd(p.cwd)
-        out = await service.recall(cwd, p.query, active_tools=p.active_tools or [],
+        _cwd, project = checked_project(projects, p.cwd)
+        out = await service.recall(project, p.query, active_tools=p.active_tools or [],
                                    selector_timeout_s=RECALL_SELECTOR_WAIT_S)
         return wire.RecallResult(
             strategy=out.strategy,  # type: ignore[arg-type]
@@ -52,30 +53,30 @@ def register(daemon: Daemon) -> None:
 
     async def forget_candidates(ctx: Connection, p: wire.ForgetCandidatesParams
                                 ) -> wire.ForgetCandidatesResult:
-        cwd = checked_cwd(p.cwd)
+        _cwd, project = checked_project(projects, p.cwd)
         if not p.query.strip():
             raise errors.InvalidParams("query is empty", data={"field": "query",
                                                                "message": "empty"})
-        found = await service.forget_candidates(cwd, p.query, limit=max(1, min(p.limit, 50)))
+        found = await service.forget_candidates(project, p.query, limit=max(1, min(p.limit, 50)))
         return wire.ForgetCandidatesResult(candidates=[
             wire.Candidate(path=str(d.path), scope=d.scope,
                            name=OUTBOUND.text(d.name, escape=False), reason=why)
             for d, why in found])
 
     async def forget(ctx: Connection, p: wire.ForgetParams) -> wire.ForgetResult:
-        cwd = checked_cwd(p.cwd)
-        return wire.ForgetResult(removed=await service.forget(cwd, p.paths))
+        _cwd, project = checked_project(projects, p.cwd)
+        return wire.ForgetResult(removed=await service.forget(project, p.paths))
 
     async def save(ctx: Connection, p: wire.SaveParams) -> wire.SaveResult:
         from qwenctxd.memory.save import save as save_memory
 
-        cwd = checked_cwd(p.cwd)
+        _cwd, project = checked_project(projects, p.cwd)
 
         def write(path: Path, text: str, redacted: list[dict[str, object]]) -> None:
             daemon.audit.write_file(path, text, agent="memory.save", session=None,
                                     redacted=redacted or None)
 
-        out = await save_memory(service, cwd, mem_type=p.type, name=p.name,
+        out = await save_memory(service, project, mem_type=p.type, name=p.name,
                                 description=p.description, body=p.body, scope=p.scope,
                                 write=write)
         return wire.SaveResult(path=str(out.path), scope=out.scope, created=out.created,
@@ -85,11 +86,11 @@ def register(daemon: Daemon) -> None:
                                          for r in out.redacted])
 
     async def check_write(ctx: Connection, p: wire.CheckWriteParams) -> wire.CheckWriteResult:
-        cwd = checked_cwd(p.cwd)
+        _cwd, project = checked_project(projects, p.cwd)
         if not os.path.isabs(p.path):
             raise errors.InvalidParams("path must be absolute",
                                        data={"field": "path", "message": "not absolute"})
-        v = service.check_write_verdict(cwd, Path(p.path), p.content)
+        v = service.check_write_verdict(project, Path(p.path), p.content)
         return wire.CheckWriteResult(
             allowed=v.allowed, scope=v.scope, verdict=v.verdict,  # type: ignore[arg-type]
             rules=[wire.RuleHit(id=h.rule_id, label=h.label) for h in v.rules],
@@ -98,16 +99,17 @@ def register(daemon: Daemon) -> None:
             reason=v.reason)
 
     async def status(ctx: Connection, p: wire.StatusParams) -> wire.StatusResult:
-        cwd = checked_cwd(p.cwd)
-        st = await service.status(cwd)
-        st["lock"], st["sessions_since_dream"] = daemon.background.dream_status(cwd)
+        cwd, project = checked_project(projects, p.cwd)
+        st = await service.status(project)
+        st["lock"], st["sessions_since_dream"] = daemon.background.dream_status(project, cwd)
         return wire.StatusResult(**st)
 
     async def extract(ctx: Connection, p: wire.ExtractParams) -> wire.ScheduledResult:
         from qwenctxd.agents.extraction import ExtractRequest
 
         s = daemon.sessions.get(p.session_id)
-        req = ExtractRequest(session_id=s.id, cwd=s.cwd, history=list(s.history.messages),
+        req = ExtractRequest(session_id=s.id, cwd=s.cwd, project=s.project,
+                             history=list(s.history.messages),
                              wrote_memory=s.turn.memory_written_this_turn)
         scheduled, reason = daemon.extractor.schedule(req)
         return wire.ScheduledResult(scheduled=scheduled, reason=reason, skipped_reason=reason)
@@ -144,15 +146,16 @@ def register(daemon: Daemon) -> None:
             message=undo_wording(undone))
 
     async def dream(ctx: Connection, p: wire.DreamParams) -> wire.DreamScheduledResult:
-        cwd = checked_cwd(p.cwd)
-        await service.project(cwd)  # scaffold
-        scheduled, reason = daemon.background.schedule_dream(cwd, session_id=None, force=p.force)
+        cwd, project = checked_project(projects, p.cwd)
+        await service.load(project)  # scaffold
+        scheduled, reason = daemon.background.schedule_dream(project, cwd, session_id=None,
+                                                             force=p.force)
         if scheduled or reason is None:
             return wire.DreamScheduledResult(scheduled=scheduled, reason=reason,
                                              skipped_reason=reason)
         from qwenctxd.agents.dream import FORCE_SKIPS
 
-        roots = daemon.memory.roots(cwd)
+        roots = daemon.memory.roots(project)
         return wire.DreamScheduledResult(
             scheduled=False, reason=reason, skipped_reason=reason,
             retry_at=daemon.background.dreamer.retry_at(roots, reason),

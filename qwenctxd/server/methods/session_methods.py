@@ -8,7 +8,7 @@ from qwenctxd.protocol import daemon as dwire
 from qwenctxd.protocol import methods
 from qwenctxd.protocol import session as wire
 from qwenctxd.server.dispatch import bind
-from qwenctxd.server.methods.instructions_methods import checked_cwd
+from qwenctxd.server.methods.instructions_methods import checked_cwd, checked_project
 
 if TYPE_CHECKING:
     from qwenctxd.server.app import Daemon
@@ -20,7 +20,8 @@ def register(daemon: Daemon) -> None:
     pipeline = daemon.turns
 
     async def open_(ctx: Connection, p: wire.OpenParams) -> wire.OpenResult:
-        return await manager.open(checked_cwd(p.cwd), p)
+        cwd, project = checked_project(daemon.projects, p.cwd)
+        return await manager.open(project, cwd, p)
 
     async def turn(ctx: Connection, p: wire.TurnParams) -> wire.AssembledPrompt:
         return await pipeline.turn(p)

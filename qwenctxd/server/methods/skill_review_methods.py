@@ -12,7 +12,7 @@ from qwenctxd.agents import skill_review
 from qwenctxd.protocol import errors, methods
 from qwenctxd.protocol import skills as wire
 from qwenctxd.server.dispatch import bind
-from qwenctxd.server.methods.instructions_methods import checked_cwd
+from qwenctxd.server.methods.instructions_methods import checked_project
 
 if TYPE_CHECKING:
     from qwenctxd.server.app import Daemon
@@ -29,8 +29,8 @@ def register(daemon: Daemon) -> None:
     reviewer = daemon.reviewer
 
     def root_of(cwd_raw: str, *, required: bool) -> Path | None:
-        cwd = checked_cwd(cwd_raw)
-        root = daemon.instructions.project_root(cwd)
+        cwd, project = checked_project(daemon.projects, cwd_raw)
+        root = project.root
         if root is None and required:
             raise errors.InvalidParams(f"{cwd} is not inside a project (no project root)",
                                        data={"field": "cwd", "message": "no project root"})
@@ -71,9 +71,8 @@ def register(daemon: Daemon) -> None:
 
     async def run(ctx: Connection, p: wire.ReviewRunParams) -> wire.ReviewRunResult:
         s = daemon.sessions.get(p.session_id)
-        settings = daemon.background.settings_for(reviewer.project_root(s))
-        job, reason = reviewer.schedule(s, daemon.tasks, daemon.model, daemon.audit, settings,
-                                        force=True)
+        job, reason = reviewer.schedule(s, daemon.tasks, daemon.model, daemon.audit,
+                                        s.project.settings, force=True)
         return wire.ReviewRunResult(scheduled=job is not None, reason=reason)
 
     for spec in (

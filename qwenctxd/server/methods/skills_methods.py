@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from qwenctxd.protocol import errors, methods
 from qwenctxd.protocol import skills as wire
 from qwenctxd.server.dispatch import bind
-from qwenctxd.server.methods.instructions_methods import checked_cwd
+from qwenctxd.server.methods.instructions_methods import checked_project
 from qwenctxd.skills import listing
 from qwenctxd.skills.model import Skill
 
@@ -29,10 +29,9 @@ def register(daemon: Daemon) -> None:
         return daemon.sessions.get(session_id) if session_id else None
 
     async def list_(ctx: Connection, p: wire.ListParams) -> wire.ListResult:
-        cwd = checked_cwd(p.cwd)
+        cwd, project = checked_project(daemon.projects, p.cwd)
         session = session_for(p.session_id)
-        root = daemon.instructions.project_root(cwd)
-        ss, _gen = await service.skillset(root, cwd)
+        ss, _gen = await service.skillset(session.project if session else project, cwd)
         activated = session.deliveries.skills_activated if session is not None else set()
         return wire.ListResult(
             skills=[_info(k, (not k.conditional) or k.name in activated)
@@ -42,10 +41,9 @@ def register(daemon: Daemon) -> None:
         )
 
     async def load(ctx: Connection, p: wire.LoadParams) -> wire.LoadResult:
-        cwd = checked_cwd(p.cwd)
+        cwd, project = checked_project(daemon.projects, p.cwd)
         session = session_for(p.session_id)
-        root = daemon.instructions.project_root(cwd)
-        ss, _gen = await service.skillset(root, cwd)
+        ss, _gen = await service.skillset(session.project if session else project, cwd)
         skill = ss.skills.get(p.name)
         if skill is None:
             known = ", ".join(sorted(ss.skills)) or "none"

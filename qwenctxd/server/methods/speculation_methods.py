@@ -26,10 +26,10 @@ def register(daemon: Daemon) -> None:
                                           data={"reason": "not_configured"})
         sp = await daemon.sessions.system_prompt(s)
         spec_id = manager.start(daemon.model, session_history=list(s.history.messages), cwd=s.cwd,
-                                project_root=s.project_root or s.cwd, suggestion=p.suggestion,
+                                project_root=s.project.anchor, suggestion=p.suggestion,
                                 session_id=s.id, system=sp.text, fast=True)
         daemon.tasks.submit("speculation", lambda: manager.run(spec_id),
-                            project=str(s.project_root or s.cwd), description=spec_id[:8])
+                            project=str(s.project.anchor), description=spec_id[:8])
         return wire.StartResult(speculation_id=spec_id)
 
     async def accept(ctx: Connection, p: wire.IdParams) -> wire.AcceptResult:
