@@ -24,6 +24,7 @@ from proxy_harness import (
 )
 
 from qwenctxd.testing.openai_stub import Reply, ScriptedOpenAI
+from qwenctxd.testing.qwenctl_runs import qwenctl
 from qwenctxd.testing.spawn import SpawnedDaemon
 
 WINDOW = 8192
@@ -117,12 +118,11 @@ def test_a_history_past_the_window_is_trimmed_to_fit(running) -> None:  # type: 
 
 
 def test_proxy_env_prints_the_model_and_the_plain_url(running, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    import subprocess
-    import sys
 
     proxy, _stub, _script, _d = running
-    out = subprocess.run([sys.executable, "-m", "qwenctl", "proxy", "env"], env=proxy.env,
-                         cwd=tmp_path, capture_output=True, text=True, check=True).stdout
+    ran = qwenctl(proxy, "proxy", "env", cwd=tmp_path)
+    ran.check_returncode()
+    out = ran.stdout
     lines = out.strip().splitlines()
     assert lines[0] == "export OPENAI_BASE_URL=http://127.0.0.1:8788/v1"
     assert "export OPENAI_MODEL=stub-model" in lines

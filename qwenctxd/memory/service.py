@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 import structlog
@@ -42,7 +42,8 @@ from qwenctxd.memory.prompt import memory_section
 from qwenctxd.memory.tokenize import is_noise_query
 from qwenctxd.model import ModelClient
 from qwenctxd.project import Project
-from qwenctxd.protocol.errors import ModelUnavailable, PathOutsideProject
+from qwenctxd.protocol import memory as wire
+from qwenctxd.protocol.errors import InvalidParams, ModelUnavailable, PathOutsideProject
 from qwenctxd.tasks import TaskRegistry
 from qwenctxd.watch import Watched, WatchedCache, WatchHub
 
@@ -488,6 +489,37 @@ class MemoryService:
     def loaded(self) -> list[Project]:
         """The projects whose memory is loaded (the idle dream checks walk these)."""
         return [p.project for _, p in self._loads.items()]
+
+    async def undo(self, audit: UndoableLog, entry_id: str,
+                   wording: Callable[[Any], str]) -> wire.UndoResult:
+        """``memory.undo``: revert audit entry ``entry_id`` (InvalidParams naming ``id`` when it
+        is unknown or the file changed since), then rebuild the MEMORY.md index of the memory
+        root it was in; ``wording`` says for people what the undo did."""
+        try:
+            undone = await anyio.to_thread.run_sync(audit.find, entry_id)
+            entry = await anyio.to_thread.run_sync(audit.undo, entry_id)
+        except KeyError:
+            raise InvalidParams(f"no audit entry {entry_id}",
+                                data={"field": "id", "message": "unknown entry"}) from None
+        except ValueError as exc:
+            raise InvalidParams(str(exc), data={"field": "id", "message": str(exc)}) from None
+        root = Path(entry.path).parent.parent  # <memory root>/<type>/<file>.md
+        if (root / "MEMORY.md").exists():
+            scope = "user" if root.name == "memories" else "project"
+            await anyio.to_thread.run_sync(rebuild_index, root, scope)
+        return wire.UndoResult(
+            restored=entry.path, action=entry.action,
+            undone=wire.UndoneEntry(id=undone.id, agent=undone.agent, action=undone.action),
+            message=wording(undone))
+
+
+class UndoableLog(Protocol):
+    """The audit log as :meth:`MemoryService.undo` uses it (entries with ``id``, ``agent``,
+    ``action`` and ``path``)."""
+
+    def find(self, entry_id: str) -> Any: ...
+
+    def undo(self, entry_id: str) -> Any: ...
 
 
 def _fingerprint(dirs: Sequence[Path]) -> list[tuple[str, int, int]]:

@@ -1,5 +1,6 @@
 """Wiring of the background agents into the daemon: extraction and dream after user turns,
-the idle dream scheduler, and the dream/speculation entry points the RPC methods call.
+the idle dream scheduler, and the dream entry point ``memory.dream`` calls
+(:meth:`Background.dream_now`).
 
 Built by ``compose.build_services`` with the services it drives (no back-reference to the
 daemon). The scheduler wakes every ``IDLE_CHECK_S`` (10 minutes) and, while no request is in flight, re-checks the dream gates of
@@ -19,6 +20,7 @@ import structlog
 
 from qwenctxd.agents import dream as dream_mod
 from qwenctxd.agents.extraction import ExtractRequest
+from qwenctxd.protocol import memory as memory_wire
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -93,6 +95,21 @@ class Background:
             self.tasks, lambda: self.model, roots=roots, cwd=cwd, session_id=session_id,
             audit=self.audit, project_key=cwd, enabled=self._dream_enabled(project),
             memory_pressure=dream_mod.memory_pressure(), force=force)
+
+    async def dream_now(self, project: Project, cwd: Path, *, force: bool
+                        ) -> memory_wire.DreamScheduledResult:
+        """``memory.dream``: scaffold the project's memory and schedule a dream of it; when
+        skipped, when to retry and whether ``force`` would get past the reason."""
+        await self.memory.load(project)  # scaffold
+        scheduled, reason = self.schedule_dream(project, cwd, session_id=None, force=force)
+        if scheduled or reason is None:
+            return memory_wire.DreamScheduledResult(scheduled=scheduled, reason=reason,
+                                                    skipped_reason=reason)
+        roots = self.memory.roots(project)
+        return memory_wire.DreamScheduledResult(
+            scheduled=False, reason=reason, skipped_reason=reason,
+            retry_at=self.dreamer.retry_at(roots, reason),
+            force_skips=(reason in dream_mod.FORCE_SKIPS) or None)
 
     def dream_status(self, project: Project, cwd: Path) -> tuple[dict[str, Any] | None, int]:
         roots = self.memory.roots(project)

@@ -13,8 +13,9 @@ patched in afterwards and nothing is looked up in module globals. Order, bottom 
                   the compactor, then the turn pipeline over them all (hooks: after a user
                   turn → background + speculation; after a completed turn → background)
 
-The server (:class:`qwenctxd.server.app.Daemon`) owns the lifecycle and the socket; handlers
-reach the services through it.
+The server (:class:`qwenctxd.server.app.Daemon`) owns the lifecycle and the socket; the
+handler families (:mod:`qwenctxd.server.methods`) are constructed over these services, each
+with exactly the ones it uses, never through the daemon.
 """
 
 from __future__ import annotations

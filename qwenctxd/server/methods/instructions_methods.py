@@ -16,11 +16,11 @@ from qwenctxd.project import Project, ProjectRegistry
 from qwenctxd.project.registry import NAME_MAX, anchor_id_fits, project_id_fits
 from qwenctxd.protocol import errors, methods
 from qwenctxd.protocol import instructions as wire
-from qwenctxd.server.dispatch import bind
+from qwenctxd.server.dispatch import handler
 from qwenctxd.skills.listing import SKILL_TOOL
 
 if TYPE_CHECKING:
-    from qwenctxd.server.app import Daemon
+    from qwenctxd.instructions.service import InstructionsService
     from qwenctxd.server.connection import Connection
 
 
@@ -68,17 +68,20 @@ def _problems(problems: list) -> list[wire.Problem]:  # type: ignore[type-arg]
     return [wire.Problem(path=str(p.path), kind=p.kind, message=p.message) for p in problems]
 
 
-def register(daemon: Daemon) -> None:
-    service = daemon.instructions
+class InstructionsHandlers:
+    def __init__(self, *, instructions: InstructionsService, projects: ProjectRegistry) -> None:
+        self.instructions = instructions
+        self.projects = projects
 
-    async def prompt_system(ctx: Connection, p: wire.PromptSystemParams) -> wire.PromptSystemResult:
-        cwd, project = checked_project(daemon.projects, p.cwd)
+    @handler(methods.PROMPT_SYSTEM)
+    async def prompt_system(self, ctx: Connection, p: wire.PromptSystemParams
+                            ) -> wire.PromptSystemResult:
+        cwd, project = checked_project(self.projects, p.cwd)
         roles = tool_roles.classify([*p.tools, SKILL_TOOL]) if p.tools is not None else None
         agent = (p.agent or {}).get("name")
-        sp = await service.system_prompt(project, cwd, model=p.model, append=p.append,
-                                         interaction_mode=p.interaction_mode, env=p.env,
-                                         tool_roles=roles,
-                                         agent=agent if isinstance(agent, str) else None)
+        sp = await self.instructions.system_prompt(
+            project, cwd, model=p.model, append=p.append, interaction_mode=p.interaction_mode, env=p.env,
+            tool_roles=roles, agent=agent if isinstance(agent, str) else None)
         return wire.PromptSystemResult(
             text=sp.text,
             sections=[wire.Section(name=n, chars=c, est_tokens=t, omitted=c == 0)
@@ -89,9 +92,10 @@ def register(daemon: Daemon) -> None:
             errors=_problems(sp.problems),
         )
 
-    async def files(ctx: Connection, p: wire.CwdParams) -> wire.InstructionsFilesResult:
-        cwd, project = checked_project(daemon.projects, p.cwd)
-        inst = await service.instruction_set(project, cwd)
+    @handler(methods.INSTRUCTIONS_FILES)
+    async def files(self, ctx: Connection, p: wire.CwdParams) -> wire.InstructionsFilesResult:
+        cwd, project = checked_project(self.projects, p.cwd)
+        inst = await self.instructions.instruction_set(project, cwd)
         rules = [
             wire.RuleInfo(path=str(r.path), conditional=False, paths=[], bytes=len(r.body))
             for r in inst.rules.baseline
@@ -111,8 +115,9 @@ def register(daemon: Daemon) -> None:
             project_root=str(inst.project_root) if inst.project_root else None,
         )
 
-    async def add_memory(ctx: Connection, p: wire.AddMemoryParams) -> wire.AddMemoryResult:
-        cwd, project = checked_project(daemon.projects, p.cwd)
+    @handler(methods.INSTRUCTIONS_ADD_MEMORY)
+    async def add_memory(self, ctx: Connection, p: wire.AddMemoryParams) -> wire.AddMemoryResult:
+        cwd, project = checked_project(self.projects, p.cwd)
         try:
             memory_file.bullet(p.text)
         except ValueError:
@@ -133,12 +138,14 @@ def register(daemon: Daemon) -> None:
                     "field": "cwd", "message": "not inside a project"}) from None
         with errors.client_path(field):  # e.g. QWEN.md is a directory
             path = await anyio.to_thread.run_sync(memory_file.add_memory, target, p.text)
-        service.invalidate_path(path)
+        self.instructions.invalidate_path(path)
         return wire.AddMemoryResult(path=str(path))
 
-    async def match_rules(ctx: Connection, p: wire.MatchRulesParams) -> wire.MatchRulesResult:
-        cwd, project = checked_project(daemon.projects, p.cwd)
-        inst = await service.instruction_set(project, cwd)
+    @handler(methods.INSTRUCTIONS_MATCH_RULES)
+    async def match_rules(self, ctx: Connection, p: wire.MatchRulesParams
+                          ) -> wire.MatchRulesResult:
+        cwd, project = checked_project(self.projects, p.cwd)
+        inst = await self.instructions.instruction_set(project, cwd)
         root = inst.project_root or cwd
         out = []
         for rule in inst.rules.conditional:
@@ -152,11 +159,3 @@ def register(daemon: Daemon) -> None:
                     path=str(rule.path), paths=list(rule.patterns), matched=matched,
                     reminder=rule_reminder(rule.path, root, rule.body)))
         return wire.MatchRulesResult(rules=out)
-
-    for spec in (
-        bind(methods.PROMPT_SYSTEM, prompt_system),
-        bind(methods.INSTRUCTIONS_MATCH_RULES, match_rules),
-        bind(methods.INSTRUCTIONS_FILES, files),
-        bind(methods.INSTRUCTIONS_ADD_MEMORY, add_memory),
-    ):
-        daemon.dispatcher.register(spec)
