@@ -9,8 +9,9 @@ patched in afterwards and nothing is looked up in module globals. Order, bottom 
     memory        (every call brings its resolved Project; no registry of its own)
     skills, audit log, extractor, skill reviewer, speculation
     background    (extraction, dream and skill review after turns; the idle dream loop)
-    sessions      (hooks: after a user turn → background + speculation; after a completed
-                   turn → background), then the turn pipeline over them
+    sessions      the store (transcripts, fsync, index), the manager (the open sessions),
+                  the compactor, then the turn pipeline over them all (hooks: after a user
+                  turn → background + speculation; after a completed turn → background)
 
 The server (:class:`qwenctxd.server.app.Daemon`) owns the lifecycle and the socket; the
 handler families (:mod:`qwenctxd.server.methods`) are constructed over these services, each
@@ -35,7 +36,9 @@ from qwenctxd.model import ModelClient
 from qwenctxd.model.scheduler import EndpointScheduler
 from qwenctxd.project import Project, ProjectRegistry
 from qwenctxd.server.background import Background
+from qwenctxd.sessions.compacting import Compactor
 from qwenctxd.sessions.manager import SessionManager
+from qwenctxd.sessions.store import SessionStore
 from qwenctxd.sessions.turns import TurnPipeline
 from qwenctxd.skills.service import SkillsService
 from qwenctxd.tasks import TaskRegistry
@@ -96,14 +99,19 @@ def build_services(config: ConfigStore, *, state: Path, bump: Callable[[str], No
     speculation = SpeculationManager()
     background = Background(tasks=tasks, model=model, memory=memory, audit=audit,
                             extractor=extractor, reviewer=reviewer, in_flight=in_flight)
-    sessions = SessionManager(
-        config=config, instructions=instructions, model=the_model, tasks=tasks, bus=bus,
-        index_path=state / "sessions.sqlite", skills=skills, memory=memory,
-        turn_complete_hooks=[background.on_turn_complete],
+    store = SessionStore(index_path=state / "sessions.sqlite", tasks=tasks)
+    sessions = SessionManager(config=config, instructions=instructions, model=the_model,
+                              tasks=tasks, store=store)
+    compactor = Compactor(sessions=sessions.sessions, store=store, instructions=instructions,
+                          model=the_model, bus=bus)
+    turns = TurnPipeline(
+        sessions=sessions.sessions, store=store, instructions=instructions, model=the_model,
+        tasks=tasks, bus=bus, compactor=compactor, skills=skills, memory=memory,
         user_turn_hooks=[lambda s: background.on_user_turn(s.project),
                          lambda s: speculation.abort_session(s.id)],
+        turn_complete_hooks=[background.on_turn_complete],
     )
     return Services(config=config, bus=bus, tasks=tasks, hub=hub, model=model, projects=projects,
                     instructions=instructions, memory=memory, skills=skills, audit=audit,
                     extractor=extractor, reviewer=reviewer, speculation=speculation,
-                    background=background, sessions=sessions, turns=TurnPipeline(sessions))
+                    background=background, sessions=sessions, turns=turns)
