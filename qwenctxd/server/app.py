@@ -77,6 +77,7 @@ class Daemon:
         self.memory = services.memory
         self.skills = services.skills
         self.sessions = services.sessions
+        self.search = services.search
         self.turns = services.turns
         self.audit = services.audit
         self.extractor = services.extractor
@@ -154,6 +155,8 @@ class Daemon:
             await tg.start(self.hub.run)
             await tg.start(functools.partial(self.config.run, self.hub, tasks=self.tasks))
             await self.sessions.start()
+            await self.search.start()
+            tg.start_soon(self._supervised, "session-search", self.search.run)
             async with anyio.create_task_group() as conns:
                 await conns.start(self._accept, conns)
                 self.state = "serving"
@@ -181,6 +184,7 @@ class Daemon:
                 conns.cancel_scope.cancel()
             with anyio.CancelScope(shield=True):
                 await self.sessions.aclose()
+                await self.search.aclose()
                 await self.memory.aclose()
                 self.speculation.close()
             tg.cancel_scope.cancel()

@@ -9,6 +9,7 @@ patched in afterwards and nothing is looked up in module globals. Order, bottom 
     memory        (project roots from the registry)
     skills, audit log, extractor, skill reviewer, speculation
     background    (extraction, dream and skill review after turns; the idle dream loop)
+    session search (the FTS index of every session file; fed by the sessions' record hook)
     sessions      (hooks: after a user turn → background + speculation; after a completed
                    turn → background), then the turn pipeline over them
 
@@ -32,9 +33,11 @@ from qwenctxd.instructions.service import InstructionsService
 from qwenctxd.memory.service import MemoryService
 from qwenctxd.model import ModelClient
 from qwenctxd.model.scheduler import EndpointScheduler
+from qwenctxd.paths import runtime_base_dir
 from qwenctxd.project import ProjectRegistry
 from qwenctxd.server.background import Background
 from qwenctxd.sessions.manager import SessionManager
+from qwenctxd.sessions.search import SessionSearch
 from qwenctxd.sessions.turns import TurnPipeline
 from qwenctxd.skills.service import SkillsService
 from qwenctxd.tasks import TaskRegistry
@@ -59,6 +62,7 @@ class Services:
     reviewer: SkillReviewer
     speculation: SpeculationManager
     background: Background
+    search: SessionSearch
     sessions: SessionManager
     turns: TurnPipeline
 
@@ -97,14 +101,17 @@ def build_services(config: ConfigStore, *, state: Path, bump: Callable[[str], No
     background = Background(config=config, tasks=tasks, model=model, memory=memory,
                             instructions=instructions, audit=audit, extractor=extractor,
                             reviewer=reviewer, in_flight=in_flight)
+    search = SessionSearch(state / "session_search.sqlite",
+                           projects_root=runtime_base_dir() / "projects", hub=hub)
     sessions = SessionManager(
         config=config, instructions=instructions, model=the_model, tasks=tasks, bus=bus,
         index_path=state / "sessions.sqlite", skills=skills, memory=memory,
         turn_complete_hooks=[background.on_turn_complete],
         user_turn_hooks=[lambda s: background.on_user_turn(s.cwd),
                          lambda s: speculation.abort_session(s.id)],
+        record_hooks=[search.recorded],
     )
     return Services(config=config, bus=bus, tasks=tasks, hub=hub, model=model, projects=projects,
                     instructions=instructions, memory=memory, skills=skills, audit=audit,
                     extractor=extractor, reviewer=reviewer, speculation=speculation,
-                    background=background, sessions=sessions, turns=TurnPipeline(sessions))
+                    background=background, search=search, sessions=sessions, turns=TurnPipeline(sessions))

@@ -64,12 +64,14 @@ class SessionManager:
         environ: Mapping[str, str] | None = None,
         turn_complete_hooks: Sequence[Callable[[Session], list[str]]] = (),
         user_turn_hooks: Sequence[Callable[[Session], None]] = (),
+        record_hooks: Sequence[Callable[[Path], None]] = (),
     ) -> None:
         self.config = config
         # background work after a completed user-query turn (its names are reported as
         # ``scheduled``), and what a new user turn interrupts (dream, speculation)
         self.turn_complete_hooks = tuple(turn_complete_hooks)
         self.user_turn_hooks = tuple(user_turn_hooks)
+        self.record_hooks = tuple(record_hooks)  # a record was appended to this file (search)
         self.instructions = instructions
         self._model = model
         self.tasks = tasks
@@ -435,6 +437,8 @@ class SessionManager:
         except OSError as exc:
             log.error("session record write failed", session=s.id, error=exc.strerror)
             return
+        for hook in self.record_hooks:
+            hook(s.path)
         now = time.monotonic()
         if now - s.last_flush >= FSYNC_INTERVAL_S and self.tasks.accepting:
             s.last_flush = now

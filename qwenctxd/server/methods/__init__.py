@@ -15,6 +15,7 @@ def register_all(daemon: Daemon) -> None:
         instructions_methods,
         memory_methods,
         model_methods,
+        search_methods,
         session_methods,
         skill_review_methods,
         skills_methods,
@@ -31,6 +32,7 @@ def register_all(daemon: Daemon) -> None:
     model_methods.register(daemon)
     speculation_methods.register(daemon)
     transcript_methods.register(daemon)
+    search_methods.register(daemon)
     if os.environ.get("QWENCTXD_DEBUG_METHODS") == "1":
         from qwenctxd.server.methods import debug_methods
 

@@ -1,0 +1,265 @@
+"""The session search index: an SQLite FTS5 cache of every transcript entry of every session file.
+
+Layout (one file, :class:`~qwenctxd.store.sqlite.CacheDatabase`: WAL, quick_check on open, a
+corrupt file set aside and rebuilt — the JSONL files are the truth)::
+
+    files(id PK, path UNIQUE, session_id, project_slug, cwd, title, size, mtime_ns,
+          offset, entries, torn, last_user, last_role, last_time)
+    entries(id PK = file id << 24 | entry, file_id, entry, role, ts, time, text)
+    entries_fts USING fts5(body, tokenize = 'unicode61 remove_diacritics 2')  -- rowid = entries.id
+
+``offset`` is where the next unread line of the file starts, ``entries`` how many transcript
+entries the file has so far and ``last_user``/``last_role``/``last_time`` what an appended
+``mid_turn_user_message`` record needs to extend the last entry, so an append is read from
+``offset`` on, never from the start. ``body`` is the entry text in its search form
+(:func:`qwenctxd.fts.fts_text`); ``text`` is kept as written, for snippets. An entry's id is
+computed, not assigned, so a batch is written with ``executemany`` and no read-back.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any
+
+import aiosqlite
+import msgspec
+
+from qwenctxd.store.sqlite import CacheDatabase
+
+SCHEMA_VERSION = 1
+ENTRY_BITS = 24  # entries per file beyond 2**24 are not indexed
+MAX_ENTRY = (1 << ENTRY_BITS) - 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS files (
+    id           INTEGER PRIMARY KEY,
+    path         TEXT NOT NULL UNIQUE,
+    session_id   TEXT NOT NULL,
+    project_slug TEXT NOT NULL,
+    cwd          TEXT,
+    title        TEXT,
+    size         INTEGER NOT NULL,
+    mtime_ns     INTEGER NOT NULL,
+    offset       INTEGER NOT NULL,
+    entries      INTEGER NOT NULL,
+    torn         INTEGER NOT NULL DEFAULT 0,
+    last_user    TEXT,
+    last_role    TEXT,
+    last_time    TEXT
+);
+CREATE TABLE IF NOT EXISTS entries (
+    id      INTEGER PRIMARY KEY,
+    file_id INTEGER NOT NULL,
+    entry   INTEGER NOT NULL,
+    role    TEXT NOT NULL,
+    ts      REAL,
+    time    TEXT,
+    text    TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS entries_by_file ON entries(file_id);
+CREATE VIRTUAL TABLE IF NOT EXISTS entries_fts USING fts5(
+    body, tokenize = 'unicode61 remove_diacritics 2'
+);
+"""
+
+
+class FileState(msgspec.Struct, kw_only=True):
+    """What the index holds of one file: enough to go on reading it from ``offset``."""
+
+    id: int
+    path: str
+    size: int
+    mtime_ns: int
+    offset: int
+    entries: int
+    torn: int = 0
+    cwd: str | None = None
+    title: str | None = None
+    last_user: str | None = None  # JSON of the user message the last entry shows
+    last_role: str | None = None
+    last_time: str | None = None
+
+
+class EntryRow(msgspec.Struct, array_like=True):
+    entry: int
+    role: str
+    ts: float | None
+    time: str | None
+    text: str
+    body: str
+
+
+class FileUpdate(msgspec.Struct, kw_only=True):
+    """One file's changes, read in a worker thread and written in one transaction."""
+
+    path: str
+    gone: bool = False  # removed (or no longer a regular file): its rows go
+    full: bool = False  # read from the start: the old rows go first
+    session_id: str = ""
+    project_slug: str = ""
+    cwd: str | None = None
+    title: str | None = None
+    size: int = 0
+    mtime_ns: int = 0
+    offset: int = 0
+    entries: int = 0
+    torn: int = 0
+    last_user: str | None = None
+    last_role: str | None = None
+    last_time: str | None = None
+    rows: list[EntryRow] = msgspec.field(default_factory=list)
+    # earlier entries whose text a mid-turn record extended: entry → (text, body)
+    replaced: dict[int, tuple[str, str]] = msgspec.field(default_factory=dict)
+
+
+class Filters(msgspec.Struct, kw_only=True):
+    roles: list[str]
+    session_id: str | None = None
+    since_ts: float | None = None
+    slugs: list[str] | None = None  # a project scope: these project dirs …
+    under: str | None = None  # … or a recorded cwd at or below this directory
+
+
+_UPSERT_FILE = """
+INSERT INTO files (path, session_id, project_slug, cwd, title, size, mtime_ns, offset, entries,
+                   torn, last_user, last_role, last_time)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+ON CONFLICT(path) DO UPDATE SET
+    session_id = excluded.session_id, project_slug = excluded.project_slug, cwd = excluded.cwd,
+    title = excluded.title, size = excluded.size, mtime_ns = excluded.mtime_ns,
+    offset = excluded.offset, entries = excluded.entries, torn = excluded.torn,
+    last_user = excluded.last_user, last_role = excluded.last_role, last_time = excluded.last_time
+"""
+
+
+def _entry_id(file_id: int, entry: int) -> int:
+    return (file_id << ENTRY_BITS) | entry
+
+
+class SearchIndex(CacheDatabase):
+    """The FTS5 index of transcript entries (see the module docstring)."""
+
+    SCHEMA = _SCHEMA
+    SCHEMA_VERSION = SCHEMA_VERSION
+    TABLES = ("entries_fts", "entries", "files")
+
+    def _conn(self) -> aiosqlite.Connection:
+        if self._db is None:
+            raise RuntimeError("SearchIndex is not open")
+        return self._db
+
+    async def states(self, paths: list[str] | None = None) -> dict[str, FileState]:
+        """``{path: FileState}`` for ``paths`` (every file when None)."""
+        db = self._conn()
+        cols = ("id, path, size, mtime_ns, offset, entries, torn, cwd, title, last_user, "
+                "last_role, last_time")
+        if paths is None:
+            rows = await db.execute_fetchall(f"SELECT {cols} FROM files")
+        else:
+            rows = []
+            for i in range(0, len(paths), 500):
+                part = paths[i:i + 500]
+                rows.extend(await db.execute_fetchall(
+                    f"SELECT {cols} FROM files WHERE path IN ({','.join('?' * len(part))})",
+                    part))
+        names = [c.strip() for c in cols.split(",")]
+        return {r[1]: FileState(**dict(zip(names, r, strict=True))) for r in rows}
+
+    async def apply(self, updates: list[FileUpdate]) -> None:
+        """Write a batch of file updates in one transaction."""
+        if not updates:
+            return
+        db = self._conn()
+        assert self._lock is not None
+        async with self._lock:
+            try:
+                for u in updates:
+                    await self._apply_one(db, u)
+                await db.commit()
+            except BaseException:
+                await db.rollback()
+                raise
+
+    async def _apply_one(self, db: aiosqlite.Connection, u: FileUpdate) -> None:
+        rows = await db.execute_fetchall("SELECT id FROM files WHERE path = ?", (u.path,))
+        file_id = rows[0][0] if rows else None
+        if file_id is not None and (u.gone or u.full):
+            await self._drop_entries(db, file_id)
+        if u.gone:
+            if file_id is not None:
+                await db.execute("DELETE FROM files WHERE id = ?", (file_id,))
+            return
+        await db.execute(_UPSERT_FILE, (
+            u.path, u.session_id, u.project_slug, u.cwd, u.title, u.size, u.mtime_ns, u.offset,
+            u.entries, u.torn, u.last_user, u.last_role, u.last_time))
+        if file_id is None:
+            rows = await db.execute_fetchall("SELECT id FROM files WHERE path = ?", (u.path,))
+            file_id = rows[0][0]
+        for entry, (text, body) in u.replaced.items():
+            eid = _entry_id(file_id, entry)
+            cur = await db.execute("UPDATE entries SET text = ? WHERE id = ?", (text, eid))
+            if cur.rowcount:
+                await db.execute("DELETE FROM entries_fts WHERE rowid = ?", (eid,))
+                await db.execute("INSERT INTO entries_fts(rowid, body) VALUES (?, ?)",
+                                 (eid, body))
+        kept = [r for r in u.rows if r.entry <= MAX_ENTRY]
+        if kept:
+            await db.executemany(
+                "INSERT OR REPLACE INTO entries(id, file_id, entry, role, ts, time, text) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [(_entry_id(file_id, r.entry), file_id, r.entry, r.role, r.ts, r.time, r.text)
+                 for r in kept])
+            await db.executemany(
+                "INSERT INTO entries_fts(rowid, body) VALUES (?, ?)",
+                [(_entry_id(file_id, r.entry), r.body) for r in kept])
+
+    @staticmethod
+    async def _drop_entries(db: aiosqlite.Connection, file_id: int) -> None:
+        low, high = _entry_id(file_id, 0), _entry_id(file_id, MAX_ENTRY)
+        await db.execute("DELETE FROM entries_fts WHERE rowid BETWEEN ? AND ?", (low, high))
+        await db.execute("DELETE FROM entries WHERE file_id = ?", (file_id,))
+
+    async def counts(self) -> tuple[int, int, int, int]:
+        """(files, entries, torn lines, junk files: torn lines and no entry)."""
+        db = self._conn()
+        rows = await db.execute_fetchall(
+            "SELECT COUNT(*), COALESCE(SUM(torn), 0), "
+            "COALESCE(SUM(entries = 0 AND torn > 0), 0) FROM files")
+        (entries,) = (await db.execute_fetchall("SELECT COUNT(*) FROM entries"))[0]
+        files, torn, junk = rows[0]
+        return int(files), int(entries), int(torn), int(junk)
+
+    async def search(self, match: str, filters: Filters, limit: int) -> list[dict[str, Any]]:
+        """The best ``limit`` entries for ``match``: bm25 first, newer first on a tie."""
+        where = ["entries_fts MATCH ?", f"e.role IN ({','.join('?' * len(filters.roles))})"]
+        args: list[Any] = [match, *filters.roles]
+        if filters.session_id is not None:
+            where.append("f.session_id = ?")
+            args.append(filters.session_id)
+        if filters.since_ts is not None:
+            where.append("e.ts >= ?")
+            args.append(filters.since_ts)
+        if filters.slugs is not None:
+            scope = [f"f.project_slug IN ({','.join('?' * len(filters.slugs))})"]
+            args.extend(filters.slugs)
+            if filters.under is not None:
+                scope.append("f.cwd = ? OR substr(f.cwd, 1, ?) = ?")
+                prefix = filters.under.rstrip("/") + "/"
+                args.extend([filters.under, len(prefix), prefix])
+            where.append("(" + " OR ".join(scope) + ")")
+        sql = (
+            "SELECT f.session_id, f.cwd, f.title, e.entry, e.role, e.time, e.text, "
+            "bm25(entries_fts) AS rank FROM entries_fts "
+            "JOIN entries e ON e.id = entries_fts.rowid JOIN files f ON f.id = e.file_id "
+            f"WHERE {' AND '.join(where)} ORDER BY rank, e.ts DESC LIMIT ?"
+        )
+        args.append(limit)
+        db = self._conn()
+        try:
+            rows = await db.execute_fetchall(sql, args)
+        except sqlite3.OperationalError as exc:  # a MATCH the engine refuses: no hit, not -32603
+            if "fts5" in str(exc) or "syntax" in str(exc):
+                return []
+            raise
+        keys = ("session_id", "cwd", "title", "entry", "role", "time", "text", "rank")
+        return [dict(zip(keys, r, strict=True)) for r in rows]
