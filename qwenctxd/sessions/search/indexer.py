@@ -20,6 +20,7 @@ rebuilt from the files.
 from __future__ import annotations
 
 import os
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,8 @@ BATCH_FILES = 32
 BATCH_ENTRIES = 4000
 RECORD_COALESCE_S = 0.1  # a turn's records are read together
 MAX_LIMIT = 100
+RECHECK_S = 2.0  # a second scan after a project directory event
+SYNC_WAIT_S = 10.0  # at most this long for new watches to go live before a rescan
 
 
 class SessionSearch:
@@ -60,6 +63,7 @@ class SessionSearch:
         self._watched: frozenset[Path] = frozenset()
         self._counts = (0, 0, 0, 0)  # files, entries, torn lines, junk files
         self._run_scope: anyio.CancelScope | None = None
+        self._recheck_at: float | None = None  # a scan due then (monotonic)
         self._closed = False
         self.batches = 0
 
@@ -71,7 +75,7 @@ class SessionSearch:
             log.warning("search index was corrupt: rebuilding", set_aside=str(self.index.set_aside))
         await self._scan()
         self._counts = await self.index.counts()
-        self._rewatch()
+        self._rescan = True  # run() watches, waits for the watches to be live, scans again
 
     async def aclose(self) -> None:
         """Stop indexing (a batch in flight is abandoned: the files are the truth), close."""
@@ -91,12 +95,21 @@ class SessionSearch:
     async def _run(self) -> None:
         while True:
             if not self._dirty and not self._rescan:
-                await self._wake.wait()
-                await anyio.sleep(RECORD_COALESCE_S)
+                wait = None if self._recheck_at is None else self._recheck_at - time.monotonic()
+                with anyio.move_on_after(wait):
+                    await self._wake.wait()
+                    await anyio.sleep(RECORD_COALESCE_S)
             self._wake = anyio.Event()
-            if self._rescan:
+            recheck = self._recheck_at is not None and time.monotonic() >= self._recheck_at
+            if self._rescan or recheck:
+                # a project directory came or went: its files are found by scanning (again,
+                # RECHECK_S later: files made while a directory's watch was being set up)
+                self._recheck_at = time.monotonic() + RECHECK_S if self._rescan else None
                 self._rescan = False
                 self._rewatch()
+                if self._hub is not None:  # files made before the watches were live: the scan
+                    with anyio.move_on_after(SYNC_WAIT_S):
+                        await self._hub.wait_synced()
                 await self._scan()
             while self._dirty:
                 await self._index_batch()
@@ -119,13 +132,16 @@ class SessionSearch:
                 self._dirty[path] = None
         self._wake.set()
 
-    def _rewatch(self) -> None:
+    def _rewatch(self) -> bool:
+        """Watch the projects directory and every project's chats; True if that set changed."""
         if self._hub is None:
-            return
+            return False
         dirs = frozenset([self.projects_root, *chats_dirs(self.projects_root)])
-        if dirs != self._watched:
-            self._watched = dirs
-            self._hub.watch(WATCH_KEY, dirs, self._on_change)
+        if dirs == self._watched:
+            return False
+        self._watched = dirs
+        self._hub.watch(WATCH_KEY, dirs, self._on_change)
+        return True
 
     async def _scan(self) -> None:
         found = await anyio.to_thread.run_sync(discover, self.projects_root)

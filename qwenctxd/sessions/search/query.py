@@ -18,7 +18,7 @@ from typing import NamedTuple
 
 from qwenctxd.fts import fts_text, is_cjk, normalize, quote_term
 
-MAX_QUERY_CHARS = 2000  # the rest of a longer query is ignored
+MAX_QUERY_CHARS = 2000  # the rest of a longer query is ignored (cut at a space)
 MAX_TERMS = 32  # words and phrases; later ones are ignored
 SNIPPET_CHARS = 300
 SNIPPET_BEFORE = 80  # context kept before the first match
@@ -44,7 +44,10 @@ def _term(chunk: str) -> str | None:
 
 def parse(text: str) -> SearchQuery:
     """The MATCH string for ``text`` (see the module docstring) and its needles."""
-    text = text[:MAX_QUERY_CHARS]
+    if len(text) > MAX_QUERY_CHARS:  # cut at a space, so no word is cut in two
+        head = text[:MAX_QUERY_CHARS]
+        text = head if text[MAX_QUERY_CHARS].isspace() or not head.split() \
+            else head.rsplit(maxsplit=1)[0] if len(head.split()) > 1 else head
     chunks: list[str] = []
     pos = 0
     for m in _PHRASE.finditer(text):
