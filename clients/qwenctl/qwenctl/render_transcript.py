@@ -14,6 +14,7 @@ from typing import Any, TextIO
 from qwenctl.render import parse_iso
 
 MAX_LINES = 12
+AROUND = 2  # entries shown on each side of ``--around ENTRY``
 MAX_ARG_CHARS = 160
 INDENT = "    "
 
@@ -32,13 +33,20 @@ def _body(text: str, full: bool) -> list[str]:
     return [INDENT + ln for ln in lines]
 
 
-def transcript(res: dict[str, Any], *, stream: TextIO, full: bool = False) -> None:
+def transcript(res: dict[str, Any], *, stream: TextIO, full: bool = False,
+               around: int | None = None) -> None:
+    """``around``: only the entries within :data:`AROUND` of that entry index (a search
+    hit's), the hit marked ``▶``."""
     entries = res.get("entries") or []
-    stream.write(f"\ntranscript ({len(entries)} entries)\n")
+    shown = f", around entry {around}" if around is not None else ""
+    stream.write(f"\ntranscript ({len(entries)} entries{shown})\n")
     if not entries:
         stream.write(f"{INDENT}(nothing recorded yet)\n")
     n = 0
-    for e in entries:
+    for i, e in enumerate(entries):
+        if around is not None and abs(i - around) > AROUND:
+            n += e.get("kind") != "compression"
+            continue
         if e.get("kind") == "compression":
             stream.write(f"\n-- {e.get('text')}  {_when(e.get('time'))} --\n")
             continue
@@ -49,7 +57,8 @@ def transcript(res: dict[str, Any], *, stream: TextIO, full: bool = False) -> No
             label = f"tool result: {e.get('name') or '?'}"
         elif role == "assistant" and e.get("model"):
             label = f"assistant ({e['model']})"
-        stream.write(f"\n[{n}] {label}  {_when(e.get('time'))}".rstrip() + "\n")
+        mark = "▶ " if i == around else ""
+        stream.write(f"\n{mark}[{n}] {label}  {_when(e.get('time'))}".rstrip() + "\n")
         text = e.get("text") or ""
         if text:
             stream.write("\n".join(_body(text, full)) + "\n")
