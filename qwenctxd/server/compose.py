@@ -19,6 +19,7 @@ reach the services through it.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -109,7 +110,9 @@ def build_services(config: ConfigStore, *, state: Path, bump: Callable[[str], No
         turn_complete_hooks=[background.on_turn_complete],
         user_turn_hooks=[lambda s: background.on_user_turn(s.cwd),
                          lambda s: speculation.abort_session(s.id)],
-        record_hooks=[search.recorded],
+        # QWENCTXD_BENCH_NO_SEARCH_HOOK=1: the bench's baseline (session.turn without the hook)
+        record_hooks=[] if os.environ.get("QWENCTXD_BENCH_NO_SEARCH_HOOK") == "1"
+        else [search.recorded],
     )
     return Services(config=config, bus=bus, tasks=tasks, hub=hub, model=model, projects=projects,
                     instructions=instructions, memory=memory, skills=skills, audit=audit,
