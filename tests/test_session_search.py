@@ -284,3 +284,29 @@ def test_a_corrupt_index_is_rebuilt(spawn: type[SpawnedDaemon]) -> None:
     hit = until(lambda: search(d, "ocelot")["hits"], timeout=10, what="rebuilt")[0]
     assert hit["session_id"] == sid
     assert list(db.parent.glob("session_search.sqlite.corrupt-*"))
+
+
+def test_every_hostile_query_is_a_match_string_the_engine_accepts() -> None:
+    """The one quoting rule (qwenctxd.fts.quote_term), straight against SQLite's FTS5."""
+    import random
+    import sqlite3
+
+    from qwenctxd.fts import fts_text, quote_term
+    from qwenctxd.sessions.search.query import parse
+
+    db = sqlite3.connect(":memory:")
+    db.execute("CREATE VIRTUAL TABLE t USING fts5(body, tokenize='unicode61 remove_diacritics 2')")
+    db.execute("INSERT INTO t(body) VALUES (?)", (fts_text("lemur rollout near(x) 部署流程"),))
+    rnd = random.Random(5)
+    alphabet = '"*^:()-+ NEARORANDNOT{}[]\x00\x01\\\'部署a1 '
+    fuzz = ["".join(rnd.choice(alphabet) for _ in range(rnd.randint(1, 40))) for _ in range(500)]
+    for q in [*HOSTILE, *fuzz]:
+        m = parse(q).match
+        if m is not None:
+            db.execute("SELECT rowid FROM t WHERE t MATCH ?", (m,)).fetchall()
+        db.execute("SELECT rowid FROM t WHERE t MATCH ?", (quote_term(q),)).fetchall()
+    assert parse("*  ^ -").match is None
+    assert parse('"a  phrase" word').match == '"a phrase" AND "word"'
+    assert parse("部").match == '"部"*'
+    assert db.execute("SELECT count(*) FROM t WHERE t MATCH ?",
+                      (parse("署流 NEAR(x)").match,)).fetchone() == (1,)

@@ -23,8 +23,11 @@ from typing import Any
 
 import aiosqlite
 import msgspec
+import structlog
 
 from qwenctxd.store.sqlite import CacheDatabase
+
+log = structlog.get_logger("qwenctxd.sessions.search")
 
 SCHEMA_VERSION = 1
 ENTRY_BITS = 24  # entries per file beyond 2**24 are not indexed
@@ -259,6 +262,7 @@ class SearchIndex(CacheDatabase):
             rows = await db.execute_fetchall(sql, args)
         except sqlite3.OperationalError as exc:  # a MATCH the engine refuses: no hit, not -32603
             if "fts5" in str(exc) or "syntax" in str(exc):
+                log.warning("search match refused", error=str(exc), match=match[:200])
                 return []
             raise
         keys = ("session_id", "cwd", "title", "entry", "role", "time", "text", "rank")
