@@ -6,7 +6,8 @@ corrupt file set aside and rebuilt — the JSONL files are the truth)::
     files(id PK, path UNIQUE, session_id, project_slug, cwd, title, size, mtime_ns,
           offset, entries, torn, last_user, last_role, last_time)
     entries(id PK = file id << 24 | entry, file_id, entry, role, ts, time, text)
-    entries_fts USING fts5(body, tokenize = 'unicode61 remove_diacritics 2')  -- rowid = entries.id
+    entries_fts USING fts5(body, scope, tokenize = 'unicode61 remove_diacritics 2')
+                                                              -- rowid = entries.id
 
 ``offset`` is where the next unread line of the file starts, ``entries`` how many transcript
 entries the file has so far and ``last_user``/``last_role``/``last_time`` what an appended
@@ -14,10 +15,18 @@ entries the file has so far and ``last_user``/``last_role``/``last_time`` what a
 ``offset`` on, never from the start. ``body`` is the entry text in its search form
 (:func:`qwenctxd.fts.fts_text`); ``text`` is kept as written, for snippets. An entry's id is
 computed, not assigned, so a batch is written with ``executemany`` and no read-back.
+
+``scope`` holds one token each for the entry's project directory (``p`` + a hash of the slug),
+session (``s`` + the id) and role (``r`` + role): the filters are MATCH terms, so FTS5
+intersects them with the words and bm25 (weight 0 on ``scope``) is computed only for entries
+inside them. A query matching more than :data:`RANK_CAP` entries in its scope ranks the
+``RANK_CAP`` with the highest ids (files are first indexed oldest first, so: the newest) —
+such a query says little anyway, and ranking every match would cost the loop its latency.
 """
 
 from __future__ import annotations
 
+import hashlib
 import sqlite3
 from typing import Any
 
@@ -29,7 +38,8 @@ from qwenctxd.store.sqlite import CacheDatabase
 
 log = structlog.get_logger("qwenctxd.sessions.search")
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+RANK_CAP = 2000
 ENTRY_BITS = 24  # entries per file beyond 2**24 are not indexed
 MAX_ENTRY = (1 << ENTRY_BITS) - 1
 
@@ -61,7 +71,7 @@ CREATE TABLE IF NOT EXISTS entries (
 );
 CREATE INDEX IF NOT EXISTS entries_by_file ON entries(file_id);
 CREATE VIRTUAL TABLE IF NOT EXISTS entries_fts USING fts5(
-    body, tokenize = 'unicode61 remove_diacritics 2'
+    body, scope, tokenize = 'unicode61 remove_diacritics 2'
 );
 """
 
@@ -139,6 +149,22 @@ def _entry_id(file_id: int, entry: int) -> int:
     return (file_id << ENTRY_BITS) | entry
 
 
+def project_token(slug: str) -> str:
+    return "p" + hashlib.blake2b(slug.encode(), digest_size=8).hexdigest()
+
+
+def session_token(session_id: str) -> str:
+    return "s" + "".join(ch for ch in session_id.lower() if ch.isalnum())
+
+
+def _scope(slug: str, session_id: str, role: str) -> str:
+    return f"{project_token(slug)} {session_token(session_id)} r{role}"
+
+
+def _any_of(tokens: list[str]) -> str:
+    return "(" + " OR ".join(f'"{t}"' for t in tokens) + ")"
+
+
 class SearchIndex(CacheDatabase):
     """The FTS5 index of transcript entries (see the module docstring)."""
 
@@ -203,8 +229,8 @@ class SearchIndex(CacheDatabase):
             cur = await db.execute("UPDATE entries SET text = ? WHERE id = ?", (text, eid))
             if cur.rowcount:
                 await db.execute("DELETE FROM entries_fts WHERE rowid = ?", (eid,))
-                await db.execute("INSERT INTO entries_fts(rowid, body) VALUES (?, ?)",
-                                 (eid, body))
+                await db.execute("INSERT INTO entries_fts(rowid, body, scope) VALUES (?, ?, ?)",
+                                 (eid, body, _scope(u.project_slug, u.session_id, "user")))
         kept = [r for r in u.rows if r.entry <= MAX_ENTRY]
         if kept:
             await db.executemany(
@@ -213,8 +239,9 @@ class SearchIndex(CacheDatabase):
                 [(_entry_id(file_id, r.entry), file_id, r.entry, r.role, r.ts, r.time, r.text)
                  for r in kept])
             await db.executemany(
-                "INSERT INTO entries_fts(rowid, body) VALUES (?, ?)",
-                [(_entry_id(file_id, r.entry), r.body) for r in kept])
+                "INSERT INTO entries_fts(rowid, body, scope) VALUES (?, ?, ?)",
+                [(_entry_id(file_id, r.entry), r.body,
+                  _scope(u.project_slug, u.session_id, r.role)) for r in kept])
 
     @staticmethod
     async def _drop_entries(db: aiosqlite.Connection, file_id: int) -> None:
@@ -232,33 +259,55 @@ class SearchIndex(CacheDatabase):
         files, torn, junk = rows[0]
         return int(files), int(entries), int(torn), int(junk)
 
+    async def scope_slugs(self, under: str) -> list[str]:
+        """The project directories of the files recorded in ``under`` or below it."""
+        prefix = under.rstrip("/") + "/"
+        rows = await self._conn().execute_fetchall(
+            "SELECT DISTINCT project_slug FROM files WHERE cwd = ? OR substr(cwd, 1, ?) = ?",
+            (under, len(prefix), prefix))
+        return [r[0] for r in rows]
+
     async def search(self, match: str, filters: Filters, limit: int) -> list[dict[str, Any]]:
-        """The best ``limit`` entries for ``match``: bm25 first, newer first on a tie."""
-        where = ["entries_fts MATCH ?", f"e.role IN ({','.join('?' * len(filters.roles))})"]
-        args: list[Any] = [match, *filters.roles]
+        """The best ``limit`` entries for ``match`` (words: an FTS5 expression over ``body``)
+        within ``filters``: bm25 first, newer first on a tie."""
+        terms = [f"{{body}} : ({match})"]
+        roles = sorted(set(filters.roles))
+        if len(roles) == 1:  # a narrow filter: FTS5 intersects it (wider ones filter rows below)
+            terms.append("{scope} : " + _any_of([f"r{roles[0]}"]))
+        if filters.session_id is not None:
+            terms.append("{scope} : " + _any_of([session_token(filters.session_id)]))
+        if filters.slugs is not None:
+            slugs = set(filters.slugs)
+            if filters.under is not None:
+                slugs.update(await self.scope_slugs(filters.under))
+            terms.append("{scope} : " + _any_of(sorted(project_token(s) for s in slugs)))
+        full = " AND ".join(terms)
+        where = ["entries_fts MATCH ?"]
+        args: list[Any] = [full]
+        if 1 < len(roles) < 3:
+            where.append(f"e.role IN ({','.join('?' * len(roles))})")
+            args.extend(roles)
         if filters.session_id is not None:
             where.append("f.session_id = ?")
             args.append(filters.session_id)
         if filters.since_ts is not None:
             where.append("e.ts >= ?")
             args.append(filters.since_ts)
-        if filters.slugs is not None:
-            scope = [f"f.project_slug IN ({','.join('?' * len(filters.slugs))})"]
-            args.extend(filters.slugs)
-            if filters.under is not None:
-                scope.append("f.cwd = ? OR substr(f.cwd, 1, ?) = ?")
-                prefix = filters.under.rstrip("/") + "/"
-                args.extend([filters.under, len(prefix), prefix])
-            where.append("(" + " OR ".join(scope) + ")")
-        sql = (
-            "SELECT f.session_id, f.cwd, f.title, e.entry, e.role, e.time, e.text, "
-            "bm25(entries_fts) AS rank FROM entries_fts "
-            "JOIN entries e ON e.id = entries_fts.rowid JOIN files f ON f.id = e.file_id "
-            f"WHERE {' AND '.join(where)} ORDER BY rank, e.ts DESC LIMIT ?"
-        )
-        args.append(limit)
         db = self._conn()
         try:
+            edge = await db.execute_fetchall(
+                "SELECT rowid FROM entries_fts WHERE entries_fts MATCH ? "
+                "ORDER BY rowid DESC LIMIT 1 OFFSET ?", (full, RANK_CAP))
+            if edge:
+                where.append("entries_fts.rowid >= ?")
+                args.append(edge[0][0])
+            sql = (
+                "SELECT f.session_id, f.cwd, f.title, e.entry, e.role, e.time, e.text, "
+                "bm25(entries_fts, 1.0, 0.0) AS rank FROM entries_fts "
+                "JOIN entries e ON e.id = entries_fts.rowid JOIN files f ON f.id = e.file_id "
+                f"WHERE {' AND '.join(where)} ORDER BY rank, e.ts DESC LIMIT ?"
+            )
+            args.append(limit)
             rows = await db.execute_fetchall(sql, args)
         except sqlite3.OperationalError as exc:  # a MATCH the engine refuses: no hit, not -32603
             if "fts5" in str(exc) or "syntax" in str(exc):

@@ -146,7 +146,7 @@ class SessionSearch:
     async def _scan(self) -> None:
         found = await anyio.to_thread.run_sync(discover, self.projects_root)
         known = await self.index.states()
-        for path, f in found.items():
+        for path, f in sorted(found.items(), key=lambda kv: kv[1].mtime_ns):  # oldest first
             st = known.get(path)
             if st is None or (st.size, st.mtime_ns) != (f.size, f.mtime_ns):
                 self._dirty[path] = None
