@@ -3,7 +3,7 @@
 What makes a file *dirty* (to be read again from its indexed offset):
 
 * the daemon recording a record (:meth:`SessionSearch.recorded`, the session manager's record
-  hook: searchable within a fraction of a second, :data:`RECORD_COALESCE_S`);
+  hook: searchable within about :data:`RECORD_COALESCE_S`);
 * the watch hub: the ``chats`` directory of every project under ``<runtime>/projects`` and the
   projects directory itself (a new project directory adds its ``chats`` to the watch), so a
   file written, changed or removed by another program (the real ``qwen`` CLI) is seen within
@@ -43,7 +43,7 @@ log = structlog.get_logger("qwenctxd.sessions.search")
 WATCH_KEY = "session-search"
 BATCH_FILES = 32
 BATCH_ENTRIES = 4000
-RECORD_COALESCE_S = 0.1  # a turn's records are read together
+RECORD_COALESCE_S = 0.5  # records close together (a turn, a burst of turns) are read together
 MAX_LIMIT = 100
 RECHECK_S = 2.0  # a second scan after a project directory event
 SYNC_WAIT_S = 10.0  # at most this long for new watches to go live before a rescan
