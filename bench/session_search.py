@@ -19,10 +19,11 @@ adds to a warm ``session.turn`` (≤ 5 %, same run).
    all entries: the worst case, also shown on its own).
 3. Size: the SQLite file and its -wal; RSS: ``rss_bytes`` of that daemon after indexing minus
    that of a daemon over an empty history (same checks, same moment after start).
-4. session.turn: two daemons, one with the record hook and one started with
-   ``QWENCTXD_BENCH_NO_SEARCH_HOOK=1`` (the hook off; the rest the same), a 200-message session
-   each (bench/sessions.py's build), rounds alternating between them so machine load hits
-   both alike; the p50 / mean of ``session.turn`` round trips.
+4. session.turn: two daemons, one as shipped and one started with
+   ``QWENCTXD_BENCH_NO_SEARCH_HOOK=1`` (no record hook and no watch of the chats directories:
+   nothing the daemon records is indexed; the rest the same), a 200-message session
+   each (bench/sessions.py's build), then turns alternating between them one by one so
+   machine load hits both alike; the p50 / mean of ``session.turn`` round trips.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ ENTRIES = 50
 PROJECTS = 40
 QUERIES = 300
 PING_EVERY_S = 0.01
-TURN_ROUNDS = 8
+TURN_ROUNDS = 13
 TURNS_PER_ROUND = 25
 GOAL_INDEX_S = 60.0
 GOAL_PING_P99_MS = 50.0
@@ -208,19 +209,27 @@ def turn_cost() -> dict[str, Any]:
             cwds[id(d)] = make_project(d.home)
             d.start(timeout=30, env=env)
         samples: dict[str, list[float]] = {"on": [], "off": []}
-        for r in range(TURN_ROUNDS):
-            order = [("on", on), ("off", off)] if r % 2 == 0 else [("off", off), ("on", on)]
-            for name, d in order:
-                with d.client(timeout=60) as c:
-                    opened = {"cwd": str(cwds[id(d)]), "model": "bench-model",
+        clients = {"on": on.client(timeout=60), "off": off.client(timeout=60)}
+        daemons = {"on": on, "off": off}
+        try:
+            for r in range(TURN_ROUNDS):
+                sids = {}
+                for name, c in clients.items():
+                    opened = {"cwd": str(cwds[id(daemons[name])]), "model": "bench-model",
                               "window_tokens": 1_000_000, "tools": TOOLS}
-                    sid = c.call("session.open", opened)["session_id"]
-                    build_history(c, sid)
-                    for n in range(TURNS_PER_ROUND):
-                        ms, _ = timed_turn(c, sid, n)
+                    sids[name] = c.call("session.open", opened)["session_id"]
+                    build_history(c, sids[name])
+                for n in range(TURNS_PER_ROUND):  # turn for turn, so load hits both alike
+                    order = ("on", "off") if n % 2 == 0 else ("off", "on")
+                    for name in order:
+                        ms, _ = timed_turn(clients[name], sids[name], n)
                         if r > 0:  # the first round warms both up
                             samples[name].append(ms)
-                    c.call("session.close", {"session_id": sid})
+                for name, c in clients.items():
+                    c.call("session.close", {"session_id": sids[name]})
+        finally:
+            for c in clients.values():
+                c.close()
         with on.client() as c:
             searchable = bool(c.call("session.search", {"query": "edge case"})["hits"])
         out: dict[str, Any] = {"searchable_on": searchable}

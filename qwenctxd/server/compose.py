@@ -102,17 +102,19 @@ def build_services(config: ConfigStore, *, state: Path, bump: Callable[[str], No
     background = Background(config=config, tasks=tasks, model=model, memory=memory,
                             instructions=instructions, audit=audit, extractor=extractor,
                             reviewer=reviewer, in_flight=in_flight)
+    # QWENCTXD_BENCH_NO_SEARCH_HOOK=1: the bench's baseline — no record hook, no watch (only
+    # the start-up scan indexes), so session.turn runs as if there were no search index
+    no_search = os.environ.get("QWENCTXD_BENCH_NO_SEARCH_HOOK") == "1"
     search = SessionSearch(state / "session_search.sqlite",
-                           projects_root=runtime_base_dir() / "projects", hub=hub)
+                           projects_root=runtime_base_dir() / "projects",
+                           hub=None if no_search else hub)
     sessions = SessionManager(
         config=config, instructions=instructions, model=the_model, tasks=tasks, bus=bus,
         index_path=state / "sessions.sqlite", skills=skills, memory=memory,
         turn_complete_hooks=[background.on_turn_complete],
         user_turn_hooks=[lambda s: background.on_user_turn(s.cwd),
                          lambda s: speculation.abort_session(s.id)],
-        # QWENCTXD_BENCH_NO_SEARCH_HOOK=1: the bench's baseline (session.turn without the hook)
-        record_hooks=[] if os.environ.get("QWENCTXD_BENCH_NO_SEARCH_HOOK") == "1"
-        else [search.recorded],
+        record_hooks=[] if no_search else [search.recorded],
     )
     return Services(config=config, bus=bus, tasks=tasks, hub=hub, model=model, projects=projects,
                     instructions=instructions, memory=memory, skills=skills, audit=audit,
