@@ -65,17 +65,25 @@ class SessionSearch:
         self._run_scope: anyio.CancelScope | None = None
         self._recheck_at: float | None = None  # a scan due then (monotonic)
         self._closed = False
+        self._opened = anyio.Event()
+        self._scanned = False
         self.batches = 0
 
     # -- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
+        """Nothing to wait for: :meth:`run` opens the index and scans in the background, so
+        start-up is not held (``pending`` counts 1 until that first scan is done)."""
+
+    async def _open(self) -> None:
         """Open (or rebuild) the index and find what changed while the daemon was away."""
         await self.index.open()
         if self.index.set_aside is not None:
             log.warning("search index was corrupt: rebuilding", set_aside=str(self.index.set_aside))
+        self._opened.set()
         await self._scan()
         self._counts = await self.index.counts()
-        self._rescan = True  # run() watches, waits for the watches to be live, scans again
+        self._scanned = True
+        self._rescan = True  # watch, wait for the watches to be live, scan again
 
     async def aclose(self) -> None:
         """Stop indexing (a batch in flight is abandoned: the files are the truth), close."""
@@ -84,12 +92,14 @@ class SessionSearch:
             self._run_scope.cancel()
         if self._hub is not None:
             self._hub.unwatch(WATCH_KEY)
+        self._opened.set()  # a search waiting for the index fails fast ("not open")
         await self.index.close()
 
     async def run(self) -> None:
         """Until :meth:`aclose`: index what is dirty, in bounded batches, then wait for more."""
         with anyio.CancelScope() as self._run_scope:
             if not self._closed:
+                await self._open()
                 await self._run()
 
     async def _run(self) -> None:
@@ -173,7 +183,7 @@ class SessionSearch:
     # -- queries --------------------------------------------------------------------------
     @property
     def pending(self) -> int:
-        return len(self._dirty) + self._in_batch
+        return len(self._dirty) + self._in_batch + (0 if self._scanned else 1)
 
     def indexed(self) -> wire.SearchIndexed:
         return wire.SearchIndexed(sessions=self._counts[0], entries=self._counts[1],
@@ -187,6 +197,7 @@ class SessionSearch:
     async def search(self, p: wire.SearchParams, cwd: Path | None) -> wire.SearchResult:
         """``session.search`` (params checked here: -32602 naming the field)."""
         filters = await _filters(p, cwd)
+        await self._opened.wait()
         q = search_query.parse(p.query)
         hits: list[wire.SearchHit] = []
         if q.match is not None:
