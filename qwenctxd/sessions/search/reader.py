@@ -18,6 +18,7 @@ import re
 import stat
 from datetime import datetime
 from pathlib import Path
+from typing import BinaryIO
 
 import msgspec
 
@@ -103,11 +104,13 @@ def _row(index: int, entry: wire.TranscriptEntry) -> EntryRow | None:
     return EntryRow(index, entry.role, _timestamp(entry.time), entry.time, text, fts_text(text))
 
 
-def _starts_fresh(fh: object, state: FileState | None, size: int) -> bool:
+def _starts_fresh(fh: BinaryIO, state: FileState | None, size: int) -> bool:
+    """Whether the file must be read from the start: unknown, shrunk, or rewritten (the byte
+    before the indexed offset no longer ends a line)."""
     if state is None or state.offset == 0 or size < state.offset:
         return True
-    fh.seek(state.offset - 1)  # type: ignore[attr-defined]
-    return fh.read(1) != b"\n"  # type: ignore[attr-defined]
+    fh.seek(state.offset - 1)
+    return fh.read(1) != b"\n"
 
 
 def read_update(path: str, state: FileState | None) -> FileUpdate | None:
