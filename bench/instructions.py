@@ -29,6 +29,7 @@ from qwenctxd.client import Client
 from qwenctxd.config.schema import Settings
 from qwenctxd.instructions import assemble, base_prompt, discovery, gitinfo
 from qwenctxd.instructions.system_prompt import compose
+from qwenctxd.project.roots import find_project_root
 from qwenctxd.protocol.instructions import prefix_hash
 from qwenctxd.testing.spawn import SpawnedDaemon
 from qwenctxd.tokens import estimate_tokens
@@ -125,8 +126,10 @@ class Fixture:
 def rescan(fx: Fixture, git_section: str) -> tuple[str, str]:
     c = Settings().context
     disc = discovery.discover(fx.cwd, filenames=list(c.file_name), home=fx.home,
-                              qwen_dir=fx.home / ".qwen")
-    inst = assemble.build(disc, import_format=c.import_format, max_file_bytes=c.max_file_bytes)
+                              qwen_dir=fx.home / ".qwen",
+                              project_root=find_project_root(fx.cwd), root_of=find_project_root)
+    inst = assemble.build(disc, import_format=c.import_format, max_file_bytes=c.max_file_bytes,
+                          root_of=find_project_root)
     base = base_prompt.base_sections(base_prompt.BasePromptInputs(
         in_git_repo=inst.project_root is not None))
     composed = compose(base, instructions=inst.text, memory_section="", append=None,

@@ -1,5 +1,6 @@
 """Shared fixtures: a spawned real daemon in a scratch HOME (one per test, or one per module for
-tests that each work in a project of their own), and the scripted model server; and a guard
+tests that each work in a project of their own; forked from the pre-imported
+:mod:`qwenctxd.testing.forkserver`), and the scripted model server; and a guard
 that fails the run when the suite left anything outside its tmp dirs (see
 :mod:`qwenctxd.testing.leaks` for what is checked and why that scope)."""
 
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from qwenctxd.testing import leaks
+from qwenctxd.testing import forkserver, leaks
 from qwenctxd.testing import spawn as spawn_mod
 from qwenctxd.testing.spawn import SpawnedDaemon
 
@@ -19,6 +20,10 @@ from qwenctxd.testing.spawn import SpawnedDaemon
 REAL_HOME = Path(os.environ.get("HOME") or os.path.expanduser("~"))
 
 pytest_plugins = ["qwenctxd.testing.pytest_fixtures"]
+
+# daemons and qwenctl runs of this suite fork from a pre-imported zygote (real processes, no
+# interpreter start-up each); QWENCTXD_TEST_FORKSERVER=0 makes them fresh interpreters again
+forkserver.enable()
 
 
 @pytest.fixture
@@ -54,6 +59,16 @@ def module_daemon() -> Iterator[SpawnedDaemon]:
     finally:
         d.cleanup()
 
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _fork_server() -> Iterator[None]:
+    """The zygote daemons and qwenctl runs fork from, started at once so that its imports
+    overlap the first tests; stopped at the end (what it forked was stopped by its tests)."""
+    if forkserver.enabled():
+        forkserver.zygote()
+    yield
+    forkserver.shutdown()
 
 
 @pytest.fixture(scope="session", autouse=True)

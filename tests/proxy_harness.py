@@ -1,13 +1,12 @@
 """Test harness for ``qwenctl proxy``: a spawned daemon whose model endpoint is a scripted
-OpenAI server, and the proxy as a real subprocess (``qwenctl proxy --listen 127.0.0.1:0``)
-in front of that same server."""
+OpenAI server, and the proxy as a real process (``qwenctl proxy --listen 127.0.0.1:0``, forked
+from the pre-imported :mod:`qwenctxd.testing.forkserver`) in front of that same server."""
 
 from __future__ import annotations
 
 import json
 import re
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ import openai
 import pytest
 
 from qwenctxd.testing.openai_stub import Reply, ScriptedOpenAI
+from qwenctxd.testing.qwenctl_runs import qwenctl, start_qwenctl
 from qwenctxd.testing.spawn import SpawnedDaemon
 from qwenctxd.testing.wait import until
 
@@ -29,10 +29,9 @@ class RunningProxy:
         self.env = env
         self.log = daemon.root / "proxy.log"
         self._log = open(self.log, "wb")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "qwenctl", "proxy", "--no-autostart", "--listen",
-             "127.0.0.1:0", "--upstream", upstream, "--cwd", str(cwd), *extra_args],
-            env=env, stdin=subprocess.DEVNULL, stdout=self._log, stderr=self._log, cwd=cwd)
+        self.proc = start_qwenctl(
+            "proxy", "--no-autostart", "--listen", "127.0.0.1:0", "--upstream", upstream,
+            "--cwd", str(cwd), *extra_args, env=env, cwd=cwd, stdout=self._log, stderr=self._log)
 
         def listening() -> str | None:
             m = re.search(r"listening on (http://\S+/v1)", self.log.read_text(errors="replace"))
@@ -41,9 +40,9 @@ class RunningProxy:
             return m.group(1) if m else None
 
         self.base_url = until(listening, timeout=30, what="the proxy's 'listening on' line")
-        self.key = subprocess.run(
-            [sys.executable, "-m", "qwenctl", "proxy", "key"], env=env, check=True,
-            capture_output=True, text=True).stdout.strip()
+        key = qwenctl(self, "proxy", "key")
+        key.check_returncode()
+        self.key = key.stdout.strip()
         self._wait_serving()
 
     def _wait_serving(self) -> None:

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 from qwenctxd.client import RemoteError
 from qwenctxd.testing.openai_stub import Reply, ScriptedOpenAI
+from qwenctxd.testing.qwenctl_runs import qwenctl
 from qwenctxd.testing.spawn import SpawnedDaemon
 from qwenctxd.testing.wait import until
 
@@ -35,9 +34,7 @@ def test_dream_gates_force_and_metadata(spawn) -> None:  # type: ignore[no-untyp
         (repo / ".git").mkdir(parents=True)
         r = d.call("memory.dream", {"cwd": str(repo)})
         assert r["scheduled"] is False and r["skipped_reason"] == "min_sessions"
-        out = subprocess.run([sys.executable, "-m", "qwenctl", "memory", "dream", "--force",
-                              "--cwd", str(repo)], env=d.env, capture_output=True, text=True,
-                             timeout=30)
+        out = qwenctl(d, "memory", "dream", "--force", "--cwd", str(repo))
         assert out.returncode == 0 and "dream scheduled" in out.stdout
         assert d.call("daemon.drain", {"timeout_s": 20})["drained"]
         st = d.call("memory.status", {"cwd": str(repo)})

@@ -76,7 +76,7 @@ def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Env:
     monkeypatch.delenv("QWEN_CODE_MEMORY_LOCAL", raising=False)
     repo = tmp_path / "repo"
     (repo / ".git").mkdir(parents=True)
-    roots = roots_for(repo)
+    roots = roots_for(repo, git_root=repo)
     store.ensure_scaffold(roots)
     chats = chats_dir(repo)
     chats.mkdir(parents=True)
@@ -658,8 +658,8 @@ KILL_CHILD = textwrap.dedent("""
 
     async def main() -> None:
         model = ModelClient(ModelEndpoint(base_url=base_url, model="stub-model", timeout_s=60))
-        await Dreamer().run(model, roots=roots_for(repo), cwd=repo, session_id="doomed",
-                            audit=AuditLog(audit_dir))
+        await Dreamer().run(model, roots=roots_for(repo, git_root=repo), cwd=repo,
+                            session_id="doomed", audit=AuditLog(audit_dir))
 
     anyio.run(main)
 """)

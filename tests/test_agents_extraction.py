@@ -11,6 +11,8 @@ from typing import Any
 import pytest
 
 from qwenctxd.agents.extraction import ExtractRequest, user_texts
+from qwenctxd.config import ConfigStore
+from qwenctxd.project import ProjectRegistry
 from qwenctxd.testing.openai_stub import Reply, ScriptedOpenAI
 from qwenctxd.testing.spawn import SpawnedDaemon
 
@@ -182,7 +184,9 @@ def test_cursor_offset_rules_unit() -> None:
                                        {"type": "text", "text": "real words"}]},
          {"role": "assistant", "content": "a"}, {"role": "user", "content": "  "}]
     assert user_texts(h) == [(0, "real words")]
-    assert ExtractRequest(session_id="s", cwd=state, history=h).wrote_memory is False
+    project = ProjectRegistry(ConfigStore(home=state, xdg_config=state)).get(state)
+    assert ExtractRequest(session_id="s", cwd=state, project=project,
+                          history=h).wrote_memory is False
 
 
 def test_queue_keeps_one_running_and_the_latest_queued(spawn) -> None:  # type: ignore[no-untyped-def]

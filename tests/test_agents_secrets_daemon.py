@@ -13,13 +13,14 @@ import json
 import os
 import stat
 import subprocess
-import sys
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from qwenctxd.testing import qwenctl_runs
 from qwenctxd.testing.openai_stub import Reply, ScriptedOpenAI
 from qwenctxd.testing.spawn import SpawnedDaemon
 from qwenctxd.testing.wait import until
@@ -216,9 +217,8 @@ def _mode(p: Path) -> int:
     return stat.S_IMODE(os.stat(p).st_mode)
 
 
-def qwenctl(d: SpawnedDaemon, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "qwenctl", *args], env=d.env,
-                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+#: qwenctl against ``d`` (a fork of the pre-imported fork server; see qwenctl_runs)
+qwenctl = partial(qwenctl_runs.qwenctl, stdin=subprocess.DEVNULL, timeout=60)
 
 
 def test_memory_modes_and_doctor(shared: Shared) -> None:

@@ -107,6 +107,93 @@ def test_no_attribute_patching_or_global_registries_in_the_composition() -> None
     assert patched == []
 
 
+#: the one raw call in the clients: ``qwenctl call METHOD PARAMS`` sends whatever name the user
+#: typed (a method of a newer daemon, a misspelt one to see the error)
+RAW_RPC_CALL = ("qwenctl/qwenctl/rpc_cmds.py", "cmd_call")
+#: ``request(...)`` calls that are not daemon calls: the proxy's HTTP client (httpx) to the model
+NOT_DAEMON_CALLS = {("qwenctl/qwenctl/proxy/upstream.py", "_get_json")}
+RPC_CALLS = ("call", "request", "notify")
+
+
+def table_aliases(tree: ast.Module) -> set[str]:
+    """The names a module binds to ``qwenctxd.protocol.methods`` (``methods``, ``table``…)."""
+    return {a.asname or a.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+            and node.module == "qwenctxd.protocol" for a in node.names if a.name == "methods"}
+
+
+def method_params(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> set[str]:
+    """Parameters of ``fn`` annotated ``Method[...]``: a typed forwarder passes them on."""
+    args = [*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs]
+    return {a.arg for a in args if a.annotation is not None
+            and ast.unparse(a.annotation).strip("'\"").split("[")[0] in ("Method", "methods.Method")}
+
+
+def own_nodes(fn: ast.AST) -> list[ast.AST]:
+    """The nodes of ``fn``'s body, not descending into the functions defined inside it."""
+    out: list[ast.AST] = []
+    todo = list(ast.iter_child_nodes(fn))
+    while todo:
+        node = todo.pop()
+        out.append(node)
+        if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+            todo.extend(ast.iter_child_nodes(node))
+    return out
+
+
+def daemon_call_violations(rel: str, tree: ast.Module) -> list[str]:
+    """Every ``x.call/request/notify(first, …)`` whose ``first`` is neither a table entry
+    (``methods.NAME``) nor a ``Method``-typed parameter being forwarded."""
+    aliases, bad = table_aliases(tree), list[tuple[int, str]]()
+    for fn in ast.walk(tree):
+        if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        if (rel, fn.name) == RAW_RPC_CALL or (rel, fn.name) in NOT_DAEMON_CALLS:
+            continue
+        forwarded = method_params(fn)
+        for node in own_nodes(fn):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr in RPC_CALLS and node.args):
+                continue
+            first = node.args[0]
+            if isinstance(first, ast.Attribute) and isinstance(first.value, ast.Name) \
+                    and first.value.id in aliases and first.attr.isupper():
+                continue
+            if isinstance(first, ast.Name) and first.id in forwarded:
+                continue
+            kind = "an f-string" if isinstance(first, ast.JoinedStr) else ast.unparse(first)
+            bad.append((node.lineno, f"{rel}:{node.lineno}: {node.func.attr}({kind}, …)"))
+    return [text for _line, text in sorted(bad)]
+
+
+def test_clients_call_the_daemon_through_table_entries_only() -> None:
+    """Every daemon call in the clients names its method by ``methods.X`` (or forwards a
+    ``Method``-typed parameter): no f-string name, no name from a variable or a string —
+    except the raw ``qwenctl call`` command."""
+    files = sorted(CLIENTS.rglob("*.py"))
+    bad = []
+    for path in files:
+        rel = str(path.relative_to(CLIENTS))
+        bad += daemon_call_violations(rel, ast.parse(path.read_text(encoding="utf-8")))
+    assert bad == []
+
+
+def test_the_guard_refuses_fstring_and_non_table_names() -> None:
+    tree = ast.parse(
+        "from qwenctxd.protocol import methods\n"
+        "def f(ctx, action, method: Method[Any, Any]):\n"
+        "    ctx.request(methods.SKILLS_LIST, None)\n"
+        "    ctx.request(method, None)\n"
+        "    ctx.call(f'skills.review.{action}', {})\n"
+        "    ctx.call(action, {})\n"
+        "    ctx.request(other.SKILLS_LIST, None)\n")
+    assert daemon_call_violations("x.py", tree) == [
+        "x.py:5: call(an f-string, …)", "x.py:6: call(action, …)",
+        "x.py:7: request(other.SKILLS_LIST, …)"]
+    raw = ast.parse("def cmd_call(ctx):\n    ctx.client().call(ctx.args.method, None)\n")
+    assert daemon_call_violations(RAW_RPC_CALL[0], raw) == []
+    assert daemon_call_violations("elsewhere.py", raw) == ["elsewhere.py:2: call(ctx.args.method, …)"]
+
+
 def test_clients_name_methods_through_the_table() -> None:
     """qwenctl, its MCP server and proxy call the daemon with ``methods.X`` (the table entry
     carrying the params and result types), never with a bare method-name string."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
 import time
 from typing import Any
 
@@ -57,17 +58,27 @@ def model_env(stub: ScriptedOpenAI) -> dict[str, str]:
             "OPENAI_API_KEY": "test"}
 
 
+#: set when a test has seen what it waits for while the compression is held: the compression
+#: answers then, else after SLOW_S as before
+COMPRESSION_RELEASED = threading.Event()
+
+
 def slow_compression(body: dict[str, Any]) -> Reply:
     sys_msgs = [m for m in body.get("messages", []) if m.get("role") == "system"]
     if sys_msgs and "state_snapshot" in str(sys_msgs[0].get("content")):
-        return Reply(content="<state_snapshot>s</state_snapshot>", delay_s=SLOW_S)
+        COMPRESSION_RELEASED.wait(SLOW_S)
+        return Reply(content="<state_snapshot>s</state_snapshot>")
     return Reply(content="ok")
 
 
 @pytest.fixture
 def stub():  # type: ignore[no-untyped-def]
+    COMPRESSION_RELEASED.clear()
     with ScriptedOpenAI(handler=slow_compression) as s:
-        yield s
+        try:
+            yield s
+        finally:
+            COMPRESSION_RELEASED.set()  # a held handler thread ends before the server stops
 
 
 def session_with_history(d: SpawnedDaemon) -> str:
@@ -92,6 +103,7 @@ def test_ping_answered_while_a_slow_compression_runs_on_the_same_connection(
     first = w.read()
     assert first == {"jsonrpc": "2.0", "result": "pong", "id": 2}
     assert time.monotonic() - t0 < SLOW_S / 2  # not queued behind the compression
+    COMPRESSION_RELEASED.set()
     second = w.read()
     assert second["id"] == 1 and "result" in second, second
     w.close()
@@ -161,7 +173,9 @@ def test_same_session_keeps_arrival_order(spawn, stub) -> None:  # type: ignore[
     w.request(2, "session.turn", {"session_id": sid, "kind": "user", "text": "after compress"})
     w.request(3, "session.turn", {"session_id": other, "kind": "user", "text": "other"})
     w.request(4, "daemon.ping")
-    order = [w.read()["id"] for _ in range(4)]
+    order = [w.read()["id"] for _ in range(2)]  # what did not wait for the held compression
+    COMPRESSION_RELEASED.set()
+    order += [w.read()["id"] for _ in range(2)]
     # the other session and the ping do not wait; the same session's turn waits for the
     # compression that arrived before it
     assert order.index(1) < order.index(2), order

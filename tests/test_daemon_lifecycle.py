@@ -187,9 +187,11 @@ def test_second_signal_exits_immediately(spawn) -> None:  # type: ignore[no-unty
 
 def test_drain_waits_and_reports_pending(spawn) -> None:  # type: ignore[no-untyped-def]
     d = spawn(env={"QWENCTXD_DEBUG_METHODS": "1"}).start()
-    d.call("debug.sleep_task", {"seconds": 0.6})
+    release = d.root / "release-the-short-job"  # the short job lands when the test says so
+    d.call("debug.sleep_task", {"seconds": 30, "until_exists": str(release)})
     d.call("debug.sleep_task", {"seconds": 30})
     assert d.call("daemon.drain", {"timeout_s": 0.2}) == {"drained": False, "pending": 2}
+    release.touch()
     wait_until(lambda: len(d.call("daemon.status")["background"]["in_flight"]) == 1,
                what="the short job to finish")
     assert d.call("daemon.drain", {"timeout_s": 0.2}) == {"drained": False, "pending": 1}

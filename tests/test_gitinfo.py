@@ -11,7 +11,6 @@ import pytest
 from qwenctxd.instructions.gitinfo import (
     Commit,
     GitStatus,
-    find_project_root,
     git_status,
     head_path,
     read_head,
@@ -19,6 +18,7 @@ from qwenctxd.instructions.gitinfo import (
     resolve_common_dir,
     resolve_git_dir,
 )
+from qwenctxd.project.roots import find_project_root
 
 GIT_ID = [
     "-c",

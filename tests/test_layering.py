@@ -77,3 +77,57 @@ def test_qwen_home_is_resolved_in_one_place() -> None:
              if '"QWEN_HOME"' in p.read_text(encoding="utf-8")
              or 'home_dir / ".qwen"' in p.read_text(encoding="utf-8")]
     assert found == []
+
+
+def server_import_graph() -> dict[str, set[str]]:
+    """Module → the qwenctxd.server modules it imports (typing-only and function-level imports
+    included; importing ``a.b.c`` imports the package ``a.b`` too)."""
+    server = PACKAGE / "server"
+    names = {}
+    for path in sorted(server.rglob("*.py")):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        names[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph: dict[str, set[str]] = {}
+    for name, path in names.items():
+        deps: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                deps.add(node.module)
+                deps.update(f"{node.module}.{alias.name}" for alias in node.names)
+            elif isinstance(node, ast.Import):
+                deps.update(alias.name for alias in node.names)
+        with_packages = {".".join(d.split(".")[:i]) for d in deps
+                         for i in range(2, d.count(".") + 2)}
+        graph[name] = {d for d in with_packages if d in names and d != name
+                       and not name.startswith(d + ".")}
+    return graph
+
+
+def test_nothing_below_the_daemon_imports_it() -> None:
+    """Connections and handlers get their collaborators (a ConnectionHost, the dispatcher, the
+    services), never the Daemon: only the entry point imports ``server.app``."""
+    graph = server_import_graph()
+    assert sorted(m for m, deps in graph.items() if "qwenctxd.server.app" in deps) == []
+    outside = [p for p in sorted(PACKAGE.rglob("*.py")) if "qwenctxd.server.app"
+               in imported_modules(p) and p.parent.name != "server"]
+    assert [str(p.relative_to(PACKAGE.parent)) for p in outside] == ["qwenctxd/__main__.py"]
+
+
+def test_the_server_package_has_no_import_circle() -> None:
+    graph = server_import_graph()
+    state: dict[str, int] = {}  # 1: on the walk, 2: done
+    circles: list[str] = []
+
+    def walk(mod: str, trail: list[str]) -> None:
+        state[mod] = 1
+        for dep in sorted(graph[mod]):
+            if state.get(dep) == 1:
+                circles.append(" -> ".join([*trail[trail.index(dep):], dep]))
+            elif dep not in state:
+                walk(dep, [*trail, dep])
+        state[mod] = 2
+
+    for mod in sorted(graph):
+        if mod not in state:
+            walk(mod, [mod])
+    assert circles == []

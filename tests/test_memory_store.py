@@ -12,6 +12,12 @@ import yaml
 from qwenctxd.memory import paths as mpaths
 from qwenctxd.memory import store
 from qwenctxd.paths import project_slug
+from qwenctxd.project.roots import find_project_root
+
+
+def roots_at(cwd: Path, **kw: object) -> mpaths.MemoryRoots:
+    """The memory roots for ``cwd``, its git root found as the daemon's registry would."""
+    return mpaths.roots_for(cwd, git_root=find_project_root(cwd), **kw)  # type: ignore[arg-type]
 
 
 @pytest.fixture
@@ -59,13 +65,13 @@ def test_layout_for_a_repository(tmp_path: Path, base: Path) -> None:
     repo = make_repo(tmp_path / "my repo")
     cwd = repo / "src" / "pkg"
     cwd.mkdir(parents=True)
-    roots = mpaths.roots_for(cwd, team_enabled=False)
+    roots = roots_at(cwd, team_enabled=False)
     assert roots.project == base / "projects" / project_slug(repo) / "memory"
     assert roots.state == roots.project.parent
     assert roots.user == base / "memories"
     assert roots.team is None
     assert roots.git_root == repo
-    team = mpaths.roots_for(cwd, team_enabled=True).team
+    team = roots_at(cwd, team_enabled=True).team
     assert team == repo / ".qwen" / "team-memory"
 
 
@@ -75,8 +81,8 @@ def test_worktree_gets_its_own_memory(tmp_path: Path, base: Path) -> None:
     wt.mkdir()
     (main / ".git" / "worktrees" / "wt").mkdir(parents=True)
     (wt / ".git").write_text(f"gitdir: {main}/.git/worktrees/wt\n")
-    r_main = mpaths.roots_for(main, team_enabled=True)
-    r_wt = mpaths.roots_for(wt, team_enabled=True)
+    r_main = roots_at(main, team_enabled=True)
+    r_wt = roots_at(wt, team_enabled=True)
     assert r_wt.project == base / "projects" / project_slug(wt) / "memory"
     assert r_wt.project != r_main.project
     assert r_wt.team == wt / ".qwen" / "team-memory"
@@ -85,7 +91,7 @@ def test_worktree_gets_its_own_memory(tmp_path: Path, base: Path) -> None:
 def test_no_git_root_falls_back_to_cwd_and_has_no_team(tmp_path: Path, base: Path) -> None:
     cwd = tmp_path / "plain"
     cwd.mkdir()
-    roots = mpaths.roots_for(cwd, team_enabled=True)
+    roots = roots_at(cwd, team_enabled=True)
     assert roots.project == base / "projects" / project_slug(cwd) / "memory"
     assert roots.team is None and roots.git_root is None
 
@@ -94,12 +100,12 @@ def test_local_memory_and_explicit_environ(tmp_path: Path, base: Path,
                                           monkeypatch: pytest.MonkeyPatch) -> None:
     repo = make_repo(tmp_path / "r")
     monkeypatch.setenv("QWEN_CODE_MEMORY_LOCAL", "1")
-    roots = mpaths.roots_for(repo / "x", team_enabled=False)
+    roots = roots_at(repo / "x", team_enabled=False)
     assert roots.project == repo / ".qwen" / "memory"
     assert roots.state == repo / ".qwen"
     assert roots.user == base / "memories"
     env = {"QWEN_CODE_MEMORY_BASE_DIR": str(tmp_path / "other")}
-    roots = mpaths.roots_for(repo, environ=env)
+    roots = roots_at(repo, environ=env)
     assert roots.project == tmp_path / "other" / "projects" / project_slug(repo) / "memory"
 
 
@@ -115,7 +121,7 @@ def test_base_dir_defaults_to_runtime_dir(tmp_path: Path, monkeypatch: pytest.Mo
 
 def test_scaffold_is_idempotent_and_leaves_files_alone(tmp_path: Path, base: Path) -> None:
     repo = make_repo(tmp_path / "r")
-    roots = mpaths.roots_for(repo, team_enabled=True)
+    roots = roots_at(repo, team_enabled=True)
     created = store.ensure_scaffold(roots)
     assert roots.project is not None and roots.state is not None and roots.team is not None
     for root in (roots.project, roots.user):
@@ -139,7 +145,7 @@ def test_scaffold_is_idempotent_and_leaves_files_alone(tmp_path: Path, base: Pat
 
 
 def test_scaffold_does_not_follow_a_dangling_index_link(tmp_path: Path, base: Path) -> None:
-    roots = mpaths.roots_for(make_repo(tmp_path / "r"))
+    roots = roots_at(make_repo(tmp_path / "r"))
     assert roots.project is not None
     roots.project.mkdir(parents=True)
     target = tmp_path / "elsewhere.md"
@@ -267,7 +273,7 @@ def test_remove_docs(tmp_path: Path) -> None:
 
 def test_scope_of(tmp_path: Path, base: Path) -> None:
     repo = make_repo(tmp_path / "r")
-    roots = mpaths.roots_for(repo, team_enabled=True)
+    roots = roots_at(repo, team_enabled=True)
     store.ensure_scaffold(roots)
     assert roots.project is not None and roots.team is not None
     assert mpaths.scope_of(roots.project / "feedback" / "x.md", roots) == "project"
@@ -283,7 +289,7 @@ def test_scope_of(tmp_path: Path, base: Path) -> None:
 
 def test_dangling_symlink_into_team_memory_is_team(tmp_path: Path, base: Path) -> None:
     repo = make_repo(tmp_path / "r")
-    roots = mpaths.roots_for(repo, team_enabled=True)
+    roots = roots_at(repo, team_enabled=True)
     store.ensure_scaffold(roots)
     assert roots.team is not None and roots.project is not None
     (roots.team / "feedback").mkdir(parents=True)

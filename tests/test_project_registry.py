@@ -120,3 +120,20 @@ def test_daemon_notices_a_git_init_after_the_first_prompt(daemon: SpawnedDaemon)
               and p, timeout=SETTLE_S, what="the new .git to make a project root")
     assert r["project_root"] == str(work)
     assert "later agents" in r["text"]
+
+
+def test_the_project_is_resolved_once_and_handed_on() -> None:
+    """cwd → root → settings is worked out by the registry alone: a project's settings are
+    read through ``Project.settings`` (config internals aside), the one registry is built by
+    the composition, and nothing outside ``qwenctxd.project`` walks up for ``.git``."""
+    package = Path(__file__).resolve().parent.parent / "qwenctxd"
+    sources = {p.relative_to(package).as_posix(): p.read_text(encoding="utf-8")
+               for p in sorted(package.rglob("*.py"))}
+    settings_from_root = sorted(name for name, text in sources.items()
+                                if "for_project(" in text and not name.startswith("config/"))
+    registries = sorted(name for name, text in sources.items() if "ProjectRegistry(" in text)
+    root_walks = sorted(name for name, text in sources.items()
+                        if "find_project_root" in text and not name.startswith("project/"))
+    assert settings_from_root == ["project/registry.py"]
+    assert registries == ["server/compose.py"]
+    assert root_walks == []

@@ -24,6 +24,7 @@ from proxy_harness import (
 )
 
 from qwenctxd.testing.openai_stub import Reply, ScriptedOpenAI
+from qwenctxd.testing.qwenctl_runs import qwenctl
 from qwenctxd.testing.spawn import SpawnedDaemon
 
 WINDOW = 8192
@@ -117,12 +118,11 @@ def test_a_history_past_the_window_is_trimmed_to_fit(running) -> None:  # type: 
 
 
 def test_proxy_env_prints_the_model_and_the_plain_url(running, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    import subprocess
-    import sys
 
     proxy, _stub, _script, _d = running
-    out = subprocess.run([sys.executable, "-m", "qwenctl", "proxy", "env"], env=proxy.env,
-                         cwd=tmp_path, capture_output=True, text=True, check=True).stdout
+    ran = qwenctl(proxy, "proxy", "env", cwd=tmp_path)
+    ran.check_returncode()
+    out = ran.stdout
     lines = out.strip().splitlines()
     assert lines[0] == "export OPENAI_BASE_URL=http://127.0.0.1:8788/v1"
     assert "export OPENAI_MODEL=stub-model" in lines
@@ -166,6 +166,34 @@ def test_asking_again_after_an_empty_answer_stays_in_the_session(running) -> Non
     entries = d.call("session.transcript", {"session_id": sid})["entries"]
     assert [e["role"] for e in entries if e["role"] in ("user", "assistant")][-2:] == [
         "user", "assistant"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_asking_again_after_an_answer_out_of_budget_stays_in_the_session(  # type: ignore[no-untyped-def]
+        running, stream: bool) -> None:
+    """An answer stopped by the token budget (finish_reason "length") is no answer to Qwen
+    Code: it sends the same history again with a larger budget. That is a retry in the same
+    session, not a regenerate."""
+    proxy, stub, script, d = running
+    base = [{"role": "system", "content": CLIENT_SYSTEM},
+            {"role": "user", "content": f"a question whose first answer runs out ({stream})"}]
+    script.replies += [Reply(content="The deploy gate is a platform designed to",
+                             finish_reason="length"),
+                       Reply(content="BLUEHERON.")]
+    c = client(proxy)
+    first = c.chat.completions.with_raw_response.create(  # type: ignore[call-overload]
+        model="stub-model", messages=base, stream=stream)
+    if stream:
+        assert "".join(ch.choices[0].delta.content or "" for ch in first.parse()
+                       if ch.choices).startswith("The deploy gate")
+    second = c.chat.completions.with_raw_response.create(model="stub-model", messages=base)  # type: ignore[arg-type]
+    assert second.parse().choices[0].message.content == "BLUEHERON."
+    sid = first.headers["x-qwenctx-session"]
+    assert second.headers["x-qwenctx-session"] == sid
+    entries = d.call("session.transcript", {"session_id": sid})["entries"]
+    said = [e for e in entries if e["role"] in ("user", "assistant")]
+    assert [e["role"] for e in said][-2:] == ["user", "assistant"]
+    assert "BLUEHERON." in json.dumps(said[-1])
 
 
 def test_fit_request_caps_answers_with_the_proxys_max_tokens() -> None:

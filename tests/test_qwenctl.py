@@ -9,18 +9,13 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from qwenctxd.testing.qwenctl_runs import qwenctl
 from qwenctxd.testing.spawn import SpawnedDaemon
 from qwenctxd.testing.wait import until
-
-
-def qwenctl(d: SpawnedDaemon, *args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "qwenctl", *args],
-        env=d.env, capture_output=True, text=True, timeout=timeout,
-    )
 
 
 def test_status_json_and_human(daemon: SpawnedDaemon) -> None:
@@ -49,8 +44,14 @@ def test_socket_prints_the_path(daemon: SpawnedDaemon) -> None:
 
 def test_drain_shows_progress_then_lands(spawn) -> None:  # type: ignore[no-untyped-def]
     d = spawn(env={"QWENCTXD_DEBUG_METHODS": "1"}).start()
-    d.call("debug.sleep_task", {"seconds": 1.2, "kind": "dream"})
-    r = qwenctl(d, "drain", "--timeout", "10")
+    release = d.root / "release-the-dream"  # the job lands once qwenctl has seen it pending
+    d.call("debug.sleep_task", {"seconds": 30, "kind": "dream", "until_exists": str(release)})
+    with ThreadPoolExecutor(1) as pool:
+        drain = pool.submit(qwenctl, d, "drain", "--timeout", "10")
+        until(lambda: "daemon.drain" in d.requests() or drain.done(),
+              what="qwenctl's first drain call to be answered (not drained)")
+        release.touch()
+        r = drain.result(60)
     assert r.returncode == 0, r.stderr
     assert "waiting: 1 pending (running: dream)" in r.stdout
     assert r.stdout.strip().endswith("drained: no background work pending")
@@ -81,7 +82,7 @@ def test_unreachable_without_autostart_exits_3(spawn) -> None:  # type: ignore[n
 def test_autostart_starts_a_detached_daemon(spawn) -> None:  # type: ignore[no-untyped-def]
     d = spawn()
     t0 = time.monotonic()
-    r = qwenctl(d, "status", "--json")
+    r = qwenctl(d, "status", "--json", fresh=True)  # a real `python -m qwenctl` start-up
     assert r.returncode == 0, r.stderr
     pid = json.loads(r.stdout)["pid"]
     assert time.monotonic() - t0 < 10

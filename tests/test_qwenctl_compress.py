@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+from qwenctxd.testing import qwenctl_runs
 from qwenctxd.testing.openai_stub import Reply, ScriptedOpenAI
 from qwenctxd.testing.spawn import SpawnedDaemon
 
@@ -16,10 +17,8 @@ SUMMARY = ("<analysis>short</analysis>\n<state_snapshot>\n<overall_goal>Fix the 
            "</overall_goal>\n</state_snapshot>")
 
 
-def qwenctl(d: SpawnedDaemon, *args: str, cwd: Path | None = None
-            ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "qwenctl", *args], env=d.env, cwd=cwd,
-                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+#: qwenctl against ``d`` (a fork of the pre-imported fork server; see qwenctl_runs)
+qwenctl = partial(qwenctl_runs.qwenctl, stdin=subprocess.DEVNULL, timeout=60)
 
 
 def busy_session(d: SpawnedDaemon, repo: Path) -> str:

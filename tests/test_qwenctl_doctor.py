@@ -6,16 +6,15 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
+from functools import partial
 from typing import Any
 
+from qwenctxd.testing import qwenctl_runs
 from qwenctxd.testing.openai_stub import Reply, ScriptedOpenAI, refused_base_url
 from qwenctxd.testing.spawn import SpawnedDaemon
 
-
-def qwenctl(d: SpawnedDaemon, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "qwenctl", *args], env=d.env,
-                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+#: qwenctl against ``d`` (a fork of the pre-imported fork server; see qwenctl_runs)
+qwenctl = partial(qwenctl_runs.qwenctl, stdin=subprocess.DEVNULL, timeout=60)
 
 
 def checks(out: str) -> dict[str, dict[str, Any]]:

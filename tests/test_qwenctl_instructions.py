@@ -4,29 +4,14 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
+import msgspec
 import pytest
 
+from qwenctxd.protocol import instructions as iwire
+from qwenctxd.testing.qwenctl_runs import qwenctl, qwenctl_bytes
 from qwenctxd.testing.spawn import SpawnedDaemon
-
-
-def qwenctl(d: SpawnedDaemon, *args: str, env: dict[str, str] | None = None,
-            cwd: Path | None = None, timeout: float = 30) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "qwenctl", *args],
-        env={**d.env, **(env or {})}, cwd=cwd, capture_output=True, text=True, timeout=timeout,
-    )
-
-
-def qwenctl_bytes(d: SpawnedDaemon, *args: str, env: dict[str, str] | None = None,
-                  cwd: Path | None = None) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run(
-        [sys.executable, "-m", "qwenctl", *args],
-        env={**d.env, **(env or {})}, cwd=cwd, capture_output=True, timeout=30,
-    )
 
 
 def build_tree(home: Path) -> Path:
@@ -249,12 +234,14 @@ def test_reports_render_with_rich_on_a_tty() -> None:
                         "bytes": 3, "truncated": False}],
              "errors": [], "rules": [], "project_root": "/h/r"}
     out = Tty()
-    render.instructions_report(files, cwd="/h/r", home="/h", stream=out)
+    render.instructions_report(msgspec.convert(files, iwire.InstructionsFilesResult),
+                               cwd="/h/r", home="/h", stream=out)
     assert "[b].md" in out.getvalue() and "imports d.md" in out.getvalue()
     assert out.getvalue().rstrip().endswith("problems: none")
     prompt = {"text": "x", "sections": [{"name": "identity", "chars": 1, "est_tokens": 1}],
               "files": [], "prefix_hash": "0123456789abcdef" * 4, "project_root": None,
               "errors": [{"path": "/etc/x", "kind": "refused", "message": "m"}]}
     out = Tty()
-    render.prompt_report(prompt, cwd="/h", home="/h", stream=out)
+    render.prompt_report(msgspec.convert(prompt, iwire.PromptSystemResult), cwd="/h", home="/h",
+                         stream=out)
     assert "prefix hash: 0123456789abcdef\n" in out.getvalue() and "refused" in out.getvalue()

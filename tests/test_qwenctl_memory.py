@@ -7,24 +7,21 @@ import json
 import os
 import re
 import subprocess
-import sys
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import pytest
 
+from qwenctxd.testing import qwenctl_runs
 from qwenctxd.testing.spawn import SpawnedDaemon
 from qwenctxd.testing.wait import until
 
 DOC_KEYS = {"path", "scope", "type", "name", "description", "age", "hits"}
 
 
-def qwenctl(d: SpawnedDaemon, *args: str, cwd: Path | None = None,
-            stdin: int | None = subprocess.DEVNULL) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "qwenctl", *args],
-        env=d.env, cwd=cwd, stdin=stdin, capture_output=True, text=True, timeout=30,
-    )
+#: qwenctl against ``d`` (a fork of the pre-imported fork server; see qwenctl_runs)
+qwenctl = partial(qwenctl_runs.qwenctl, stdin=subprocess.DEVNULL)
 
 
 def remember(root: Path, type_: str, slug: str, name: str, description: str, body: str) -> Path:

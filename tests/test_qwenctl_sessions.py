@@ -7,14 +7,15 @@ import json
 import os
 import re
 import subprocess
-import sys
 import urllib.request
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from qwenctxd.testing import qwenctl_runs
 from qwenctxd.testing.openai_stub import Reply, ScriptedOpenAI
 from qwenctxd.testing.spawn import SpawnedDaemon
 
@@ -52,13 +53,8 @@ def model_env(stub: ScriptedOpenAI) -> dict[str, str]:
             "OPENAI_API_KEY": "test", "QWENCTXD_FAST_MODEL": "stub-fast"}
 
 
-def qwenctl(d: SpawnedDaemon, *args: str, cwd: Path | None = None,
-            timeout: float = 30) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "qwenctl", *args],
-        env=d.env, cwd=cwd, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-        timeout=timeout,
-    )
+#: qwenctl against ``d`` (a fork of the pre-imported fork server; see qwenctl_runs)
+qwenctl = partial(qwenctl_runs.qwenctl, stdin=subprocess.DEVNULL)
 
 
 def turn(d: SpawnedDaemon, stub: ScriptedOpenAI | None, sid: str, text: str) -> None:
@@ -322,9 +318,7 @@ def test_delete_asks_on_a_tty(world: World) -> None:
         master, slave = os.openpty()
         try:
             os.write(master, text)
-            return subprocess.run([sys.executable, "-m", "qwenctl", "sessions", "delete", "a1b2f"],
-                                  env=d.env, stdin=slave, capture_output=True, text=True,
-                                  timeout=30)
+            return qwenctl_runs.qwenctl(d, "sessions", "delete", "a1b2f", stdin=slave)
         finally:
             os.close(slave)
             os.close(master)

@@ -3,24 +3,19 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
+import msgspec
 import pytest
 
+from qwenctxd.protocol import skills as kwire
+from qwenctxd.testing.qwenctl_runs import qwenctl
 from qwenctxd.testing.spawn import SpawnedDaemon
 
 LONG = ("Project review checklist - run the linters, read the whole diff twice, check that the "
         "tests cover the change and that the docs say what changed and why")
 
 
-def qwenctl(d: SpawnedDaemon, *args: str, env: dict[str, str] | None = None,
-            cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "qwenctl", *args],
-        env={**d.env, **(env or {})}, cwd=cwd, capture_output=True, text=True, timeout=30,
-    )
 
 
 def skill(base: Path, name: str, description: str, extra: str = "", body: str = "Do it.") -> Path:
@@ -238,12 +233,13 @@ def test_skills_render_with_rich_on_a_tty(monkeypatch: pytest.MonkeyPatch) -> No
     res = {"skills": [s], "errors": [{"path": "/h/r/e/SKILL.md", "message": "bad [bold]"}],
            "shadowed": [{**s, "level": "user", "path": "/h/.qwen/skills/a/SKILL.md"}]}
     out = Tty()
-    render.skills_report(res, cwd="/h/r", home="/h", stream=out)
+    render.skills_report(msgspec.convert(res, kwire.ListResult), cwd="/h/r", home="/h",
+                         stream=out)
     text = out.getvalue()
     assert "a[b]" in text and "src/**" in text and "x…" in text and "bad [bold]" in text
     assert "~/.qwen/skills/a/SKILL.md" in text
     out = Tty()
-    render.skill_detail(s, {"name": "a[b]", "base_dir": "/h/r/.qwen/skills/a",
-                            "content": "Body [red]text[/red]\n"}, [], cwd="/h/r", home="/h",
-                        stream=out)
+    render.skill_detail(msgspec.convert(s, kwire.SkillInfo), msgspec.convert(
+        {"name": "a[b]", "base_dir": "/h/r/.qwen/skills/a", "content": "Body [red]text[/red]\n"},
+        kwire.LoadResult), [], cwd="/h/r", home="/h", stream=out)
     assert out.getvalue().endswith("\nBody [red]text[/red]\n")

@@ -5,18 +5,17 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
+from functools import partial
 from pathlib import Path
 
 import pytest
 
 from qwenctxd.client import RemoteError
+from qwenctxd.testing import qwenctl_runs
 from qwenctxd.testing.spawn import SpawnedDaemon
 
-
-def qwenctl(d: SpawnedDaemon, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "qwenctl", *args], env=d.env,
-                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30)
+#: qwenctl against ``d`` (a fork of the pre-imported fork server; see qwenctl_runs)
+qwenctl = partial(qwenctl_runs.qwenctl, stdin=subprocess.DEVNULL)
 
 
 def conversation(d: SpawnedDaemon, repo: Path) -> str:

@@ -13,9 +13,11 @@ import subprocess
 import sys
 import termios
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+from qwenctxd.testing import qwenctl_runs
 from qwenctxd.testing.openai_stub import Reply, ScriptedOpenAI
 from qwenctxd.testing.spawn import SpawnedDaemon
 from qwenctxd.testing.wait import until
@@ -28,10 +30,8 @@ def model_env(stub: ScriptedOpenAI) -> dict[str, str]:
             "OPENAI_API_KEY": "test"}
 
 
-def qwenctl(d: SpawnedDaemon, *args: str, cwd: Path | None = None
-            ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "qwenctl", *args], env=d.env, cwd=cwd,
-                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30)
+#: qwenctl against ``d`` (a fork of the pre-imported fork server; see qwenctl_runs)
+qwenctl = partial(qwenctl_runs.qwenctl, stdin=subprocess.DEVNULL)
 
 
 def qwenctl_on_tty(d: SpawnedDaemon, *args: str, columns: int) -> tuple[int, str]:

@@ -11,12 +11,14 @@ import socket
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from qwenctxd.client import Client, ClientError, RemoteError
+from qwenctxd.testing.qwenctl_runs import qwenctl
 from qwenctxd.testing.spawn import SpawnedDaemon
 from qwenctxd.testing.wait import until
 
@@ -159,7 +161,8 @@ def test_first_frame_deadline_closes_a_silent_connection(spawn) -> None:  # type
 
 def test_drain_status_on_a_new_connection(spawn) -> None:  # type: ignore[no-untyped-def]
     d = spawn(env={"QWENCTXD_DEBUG_METHODS": "1"}).start()
-    d.call("debug.sleep_task", {"seconds": 3.0})
+    release = d.root / "release-the-job"  # it lands when the test has seen the drain
+    d.call("debug.sleep_task", {"seconds": 30, "until_exists": str(release)})
     d.call("daemon.shutdown", {"drain": True, "timeout_s": 10})
     with d.client() as c:  # a connection made after draining began
         st = c.call("daemon.status")
@@ -167,6 +170,7 @@ def test_drain_status_on_a_new_connection(spawn) -> None:  # type: ignore[no-unt
         with pytest.raises(RemoteError) as exc:
             c.call("session.list")
         assert exc.value.code == -32005
+    release.touch()
     assert d.wait_exit(20) == 0
     assert "shutdown: draining" in d.log_text()
 
@@ -273,9 +277,20 @@ def test_socket_activation_without_xdg_runtime_dir(spawn) -> None:  # type: igno
 
 def test_qwenctl_stop_shows_drain_progress(spawn) -> None:  # type: ignore[no-untyped-def]
     d = spawn(env={"QWENCTXD_DEBUG_METHODS": "1"}).start()
-    d.call("debug.sleep_task", {"seconds": 2.0})
-    r = subprocess.run([sys.executable, "-m", "qwenctl", "stop"], env=d.env,
-                       capture_output=True, text=True, timeout=60)
+    release = d.root / "release-the-job"  # it lands once qwenctl has shown it pending
+
+    def status_seen_while_draining() -> bool:
+        answered = d.requests()
+        return "daemon.shutdown" in answered and "daemon.status" in answered[
+            answered.index("daemon.shutdown"):]
+
+    d.call("debug.sleep_task", {"seconds": 30, "until_exists": str(release)})
+    with ThreadPoolExecutor(1) as pool:
+        stop = pool.submit(qwenctl, d, "stop", timeout=60)
+        until(lambda: status_seen_while_draining() or stop.done(),
+              what="qwenctl stop to be told the daemon is draining")
+        release.touch()
+        r = stop.result(90)
     assert r.returncode == 0, r.stderr
     assert "stopping: draining, 1 background job(s) pending" in r.stdout, r.stdout
     assert r.stdout.rstrip().endswith(f"qwenctxd (pid {d.proc.pid}) stopped")

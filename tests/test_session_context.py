@@ -6,14 +6,15 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import urllib.request
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from qwenctxd.client import RemoteError
+from qwenctxd.testing import qwenctl_runs
 from qwenctxd.testing.openai_stub import Reply, ScriptedOpenAI
 from qwenctxd.testing.spawn import SpawnedDaemon
 from qwenctxd.testing.wait import until
@@ -56,9 +57,8 @@ def post(stub: ScriptedOpenAI, prompt: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in reply["choices"][0]["message"].items() if v is not None}
 
 
-def qwenctl(d: SpawnedDaemon, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "qwenctl", *args], env=d.env,
-                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30)
+#: qwenctl against ``d`` (a fork of the pre-imported fork server; see qwenctl_runs)
+qwenctl = partial(qwenctl_runs.qwenctl, stdin=subprocess.DEVNULL)
 
 
 def context(d: SpawnedDaemon, sid: str) -> dict[str, Any]:

@@ -15,6 +15,8 @@ from hypothesis import strategies as st
 
 from qwenctxd.compaction.estimate import message_tokens
 from qwenctxd.compaction.micro import tool_result_chars
+from qwenctxd.config import ConfigStore
+from qwenctxd.project import Project
 from qwenctxd.sessions.jsonl_writer import JsonlWriter
 from qwenctxd.sessions.state import REASONING_KEYS, History, Session, SessionOptions
 
@@ -38,7 +40,9 @@ STEP = st.one_of(
 
 def make_session(tmp: Path) -> Session:
     opts = SessionOptions(window_tokens=32000, auto_compact_threshold=70.0, tools=[])
-    return Session(id="s", cwd=tmp, project_root=None, model="m", options=opts, env={},
+    project = Project(root=None, anchor=tmp, home=tmp, qwen_home=tmp / ".qwen",
+                      config=ConfigStore(home=tmp, xdg_config=tmp))
+    return Session(id="s", cwd=tmp, project=project, model="m", options=opts, env={},
                    path=tmp / "s.jsonl", writer=JsonlWriter(tmp / "s.jsonl"),
                    history=History(image_tokens=1600))
 

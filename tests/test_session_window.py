@@ -5,10 +5,9 @@ recorded choice, Qwen Code's contextWindowSize, ``[model] context_window``, the 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
+from qwenctxd.testing.qwenctl_runs import qwenctl
 from qwenctxd.testing.spawn import SpawnedDaemon
 from qwenctxd.testing.wait import until
 
@@ -51,8 +50,7 @@ def test_window_precedence_and_source(spawn) -> None:  # type: ignore[no-untyped
     assert (r["window_tokens"], r["window_source"]) == (12_000, "upstream")
 
     # qwenctl context names the source
-    out = subprocess.run([sys.executable, "-m", "qwenctl", "context", r["session_id"]],
-                         env=d.env, capture_output=True, text=True, timeout=60)
+    out = qwenctl(d, "context", r["session_id"], timeout=60)
     assert out.returncode == 0, out.stderr
     assert "upstream model server" in out.stdout
 

@@ -4,14 +4,13 @@ unknown key in [sessions] stops the daemon with the file and key."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from qwenctxd.client import RemoteError
+from qwenctxd.testing.qwenctl_runs import qwenctl
 from qwenctxd.testing.spawn import SpawnedDaemon
 from qwenctxd.testing.wait import until
 
@@ -67,8 +66,7 @@ def test_idle_session_closed_then_resumable(spawn) -> None:  # type: ignore[no-u
         d.call("session.turn", {"session_id": idle, "kind": "user", "text": "back"})
     assert exc.value.code == -32001
     # qwenctl shows it closed
-    r = subprocess.run([sys.executable, "-m", "qwenctl", "sessions", "show", idle[:8]],
-                       env=d.env, capture_output=True, text=True, timeout=30)
+    r = qwenctl(d, "sessions", "show", idle[:8])
     assert r.returncode == 0 and "closed" in r.stdout
     # resumable: the history is all there
     res = d.call("session.open", {"cwd": str(repo), "model": "m", "session_id": idle})

@@ -19,7 +19,7 @@ from qwenctxd.events import EventBus
 from qwenctxd.instructions.service import InstructionsService
 from qwenctxd.memory.service import MemoryService
 from qwenctxd.model import ModelClient
-from qwenctxd.project import ProjectRegistry
+from qwenctxd.project import Project, ProjectRegistry
 from qwenctxd.skills.service import SkillsService
 from qwenctxd.tasks import SharedLoads, TaskRegistry
 from qwenctxd.testing.wait import until_async
@@ -127,6 +127,11 @@ class Services:
     memory: MemoryService
     instructions: InstructionsService
     skills: SkillsService
+    projects: ProjectRegistry
+
+    def at(self, cwd: Path) -> Project:
+        """``cwd``'s project, as the wire edge resolves it for the services."""
+        return self.projects.get(cwd)
 
 
 @asynccontextmanager
@@ -137,15 +142,15 @@ async def services(home: Path) -> AsyncIterator[Services]:
     config.load_global()
     hub, tasks, bus = WatchHub(), TaskRegistry(), EventBus()
     projects = ProjectRegistry(config, hub=hub, tasks=tasks, environ=environ)
-    instructions = InstructionsService(config, hub, tasks, environ=environ, projects=projects)
-    memory = MemoryService(config, hub, tasks, bus, model=lambda: ModelClient(
-        config.global_settings.endpoint()), environ=environ, projects=projects)
-    skills = SkillsService(config, hub, tasks, bus, environ=environ, projects=projects)
+    instructions = InstructionsService(hub, tasks, environ=environ, projects=projects)
+    memory = MemoryService(hub, tasks, bus, model=lambda: ModelClient(
+        config.global_settings.endpoint()), environ=environ)
+    skills = SkillsService(hub, tasks, bus)
     async with anyio.create_task_group() as tg:
         tasks.attach(tg)
         await tg.start(hub.run)
         try:
-            yield Services(home, tasks, memory, instructions, skills)
+            yield Services(home, tasks, memory, instructions, skills, projects)
         finally:
             tasks.close()
             tasks.cancel_all()
@@ -178,16 +183,16 @@ def write_memories(root: Path, ids: range) -> set[str]:
 
 
 async def memory_agrees(s: Services, repo: Path, expected: set[str]) -> bool:
-    listed = {str(d.path) for d in await s.memory.list(repo)}
+    listed = {str(d.path) for d in await s.memory.list(s.at(repo))}
     if listed != expected:
         return False
-    hits = await s.memory.recall(repo, "deploys fact", limit=len(expected) or 1)
+    hits = await s.memory.recall(s.at(repo), "deploys fact", limit=len(expected) or 1)
     found = {str(d.path) for d in hits.docs}
     if expected and not found:
         return False
     for path in sorted(expected)[:: max(1, len(expected) // 5)]:
         marker = Path(path).stem.replace("fact-", "marker")
-        r = await s.memory.recall(repo, marker)
+        r = await s.memory.recall(s.at(repo), marker)
         if [str(d.path) for d in r.docs] != [path]:
             return False
     return found <= expected
@@ -207,21 +212,21 @@ def test_memory_load_and_resync_survive_cancelled_waiters(tmp_path: Path) -> Non
         async def main() -> None:
             async with services(tmp_path) as s:
                 repo = new_repo(tmp_path, next(counter))
-                mem = s.memory.roots(repo).project
+                mem = s.memory.roots(s.at(repo)).project
                 assert mem is not None
                 expected = write_memories(mem, range(n))
                 for d in first:  # waiters of the first load, cancelled at random points
-                    await cancelled_at(d, lambda: s.memory.recall(repo, "deploys fact"))
+                    await cancelled_at(d, lambda: s.memory.recall(s.at(repo), "deploys fact"))
                 assert await memory_agrees(s, repo, expected)
                 # files change; the watcher's re-sync and forget-like waiters get cancelled
                 gone = sorted(expected)[:min(removed, n)]
                 for p in gone:
                     os.unlink(p)
                 expected = (expected - set(gone)) | write_memories(mem, range(n, n + added))
-                proj = await s.memory.project(repo)
+                proj = await s.memory.load(s.at(repo))
                 for d in later:
                     await cancelled_at(d, lambda: s.memory._refresh(proj))
-                    await cancelled_at(d / 2, lambda: s.memory.recall(repo, "deploys"))
+                    await cancelled_at(d / 2, lambda: s.memory.recall(s.at(repo), "deploys"))
                 await until_async(lambda: memory_agrees(s, repo, expected), timeout=SETTLE_S,
                                   what="recall to agree with the files")
 
@@ -242,18 +247,19 @@ def test_instructions_never_empty_or_stale_after_cancelled_waiters(tmp_path: Pat
                 qwen = repo / "QWEN.md"
                 qwen.write_text("rule version 0\n")
                 for d in first:
-                    await cancelled_at(d, lambda: s.instructions.system_prompt(repo))
-                prompt = await s.instructions.system_prompt(repo)
+                    await cancelled_at(d, lambda: s.instructions.system_prompt(s.at(repo), repo))
+                prompt = await s.instructions.system_prompt(s.at(repo), repo)
                 assert "rule version 0" in prompt.text
                 for v, cancels in enumerate(edits, start=1):
                     # the length changes too: (mtime, size) fingerprints cannot see two
                     # same-size writes within one kernel timestamp tick (reported separately)
                     qwen.write_text(f"rule version {v}{'!' * v}\n")
                     for d in cancels:
-                        await cancelled_at(d, lambda: s.instructions.system_prompt(repo))
+                        await cancelled_at(d, lambda: s.instructions.system_prompt(
+                            s.at(repo), repo))
 
                     async def fresh(v: int = v) -> bool:
-                        text = (await s.instructions.system_prompt(repo)).text
+                        text = (await s.instructions.system_prompt(s.at(repo), repo)).text
                         return f"rule version {v}" in text
 
                     await until_async(fresh, timeout=SETTLE_S, what="the new skills in the skill set")
@@ -279,17 +285,17 @@ def test_skills_never_empty_or_stale_after_cancelled_waiters(tmp_path: Path) -> 
                 repo = new_repo(tmp_path, next(counter))
                 skill(repo, "alpha")
                 for d in first:
-                    await cancelled_at(d, lambda: s.skills.skillset(repo, repo))
-                ss, _ = await s.skills.skillset(repo, repo)
+                    await cancelled_at(d, lambda: s.skills.skillset(s.at(repo), repo))
+                ss, _ = await s.skills.skillset(s.at(repo), repo)
                 assert "alpha" in ss.skills
                 names = {"alpha"} | {f"extra{i}" for i in range(more)}
                 for name in names - {"alpha"}:
                     skill(repo, name)
                 for d in later:
-                    await cancelled_at(d, lambda: s.skills.skillset(repo, repo))
+                    await cancelled_at(d, lambda: s.skills.skillset(s.at(repo), repo))
 
                 async def fresh() -> bool:
-                    got, _ = await s.skills.skillset(repo, repo)
+                    got, _ = await s.skills.skillset(s.at(repo), repo)
                     return names <= set(got.skills)
 
                 await until_async(fresh, timeout=SETTLE_S, what="the new skills in the skill set")

@@ -8,13 +8,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
-import sys
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from qwenctxd.testing import qwenctl_runs
 from qwenctxd.testing.openai_stub import Reply, ScriptedOpenAI
 from qwenctxd.testing.spawn import SpawnedDaemon
 from qwenctxd.testing.wait import until
@@ -44,9 +44,8 @@ def call(i: str, name: str, **args: Any) -> dict[str, Any]:
     return {"id": i, "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
 
 
-def qwenctl(d: SpawnedDaemon, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "qwenctl", *args], env={**d.env,
-                          "COLUMNS": "300"}, capture_output=True, text=True, timeout=30)
+#: qwenctl against ``d`` (a fork of the pre-imported fork server; see qwenctl_runs)
+qwenctl = partial(qwenctl_runs.qwenctl, env={"COLUMNS": "300"})
 
 
 def settings(path: Path, memory: dict[str, Any]) -> None:

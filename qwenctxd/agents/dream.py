@@ -404,7 +404,8 @@ class Dreamer:
 
         try:
             self._records[key] = tasks.submit(
-                "dream", job, key=f"dream:{key}", project=str(pkey),
+                # the job belongs to the project (its anchor: the git root, else the cwd)
+                "dream", job, key=f"dream:{key}", project=str(roots.git_root or pkey),
                 description="forced" if force else (f"session {session_id[:8]}"
                                                     if session_id else "idle"))
         except BaseException:

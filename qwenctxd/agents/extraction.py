@@ -9,6 +9,9 @@ user memory roots (team never), every write audited. Afterwards the touched topi
 from the written paths, meta.json records the run, the project index is rebuilt (a failure
 keeps the cursor so the next run retries) and the user index too (a failure only warns); the
 cursor moves to the end of the history. A cancelled run writes nothing.
+
+The request carries the session's resolved :class:`~qwenctxd.project.Project`: its settings
+gate and time the run, its anchor keys the job, its root bounds what the agent may read.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from qwenctxd.memory.index import rebuild_index
 from qwenctxd.memory.outbound import OUTBOUND
 from qwenctxd.memory.service import MemoryService
 from qwenctxd.model import ModelClient
+from qwenctxd.project import Project
 from qwenctxd.tasks import TaskRegistry
 
 log = structlog.get_logger("qwenctxd.extract")
@@ -43,6 +47,7 @@ MAX_TOPIC_SUMMARY = 280
 class ExtractRequest:
     session_id: str
     cwd: Path
+    project: Project
     history: list[dict[str, Any]]
     wrote_memory: bool = False
 
@@ -110,14 +115,13 @@ class Extractor:
         return 0 if offset > history_len else offset  # a compression shortened the history
 
     def gate(self, req: ExtractRequest) -> str | None:
-        root = self.memory._project_root(req.cwd)
-        if not self.memory.enabled(root):
+        if not self.memory.enabled(req.project):
             return "disabled"
         if not self._model().configured:
             return "no_model"
         if req.wrote_memory:
             return "memory_tool"
-        roots = self.memory.roots(req.cwd)
+        roots = self.memory.roots(req.project)
         start = self.start_offset(roots.state, req.session_id, len(req.history))
         if not [t for i, t in user_texts(req.history) if i >= start]:
             return "no_new_messages"
@@ -131,20 +135,20 @@ class Extractor:
             return False, reason
         if not self.tasks.accepting:
             return False, "shutting_down"
-        key_root = self.memory._project_root(req.cwd) or req.cwd
-        self.tasks.submit("extract", lambda: self.run(req), key=f"extract:{key_root}",
-                          project=str(key_root), description=f"session {req.session_id[:8]}")
+        anchor = req.project.anchor
+        self.tasks.submit("extract", lambda: self.run(req), key=f"extract:{anchor}",
+                          project=str(anchor), description=f"session {req.session_id[:8]}")
         return True, None
 
     async def run(self, req: ExtractRequest) -> ExtractResult:
         reason = self.gate(req)  # the cursor may have moved while this run waited
         if reason is not None:
             return self._done(req, ExtractResult(status="skipped", reason=reason))
-        proj = await self.memory.project(req.cwd)
+        proj = await self.memory.load(req.project)
         roots = proj.roots
         writable = [r for r in (roots.project, roots.user) if r is not None]
         scope = MemoryWriteScope.memory(writable, team_root=roots.team)
-        reads = ReadScope.of(self.memory._project_root(req.cwd), req.cwd, roots.project,
+        reads = ReadScope.of(req.project.root, req.cwd, roots.project,
                              roots.user, roots.team)
         ctx = ToolContext.real_tree(req.cwd, scope, self.audit, agent="extraction",
                                     session=req.session_id, read_scope=reads)
@@ -152,9 +156,7 @@ class Extractor:
             f"- [{d.name}]({d.relative_path}) — {d.description}\n  scope={d.scope} "
             f"topic={d.type} path={d.path}\n  current={' '.join(d.body.split())[:MAX_TOPIC_SUMMARY]}"
             for d in proj.docs if d.scope in ("project", "user")), escape=False) or "(none yet)"
-        settings = self.memory._config.for_project(self.memory._project_root(req.cwd)) \
-            if self.memory._project_root(req.cwd) else self.memory._config.global_settings
-        minutes = settings.memory.agent_timeout_minutes
+        minutes = req.project.settings.memory.agent_timeout_minutes
         spec = AgentSpec(name="memory-extractor", system=SYSTEM,
                          task=TASK.format(project=roots.project, user=roots.user,
                                           existing=existing),

@@ -215,10 +215,11 @@ class SkillReviewer:
 
     # -- gates ----------------------------------------------------------------------------------
     def project_root(self, session: Any) -> Path | None:
-        root = getattr(session, "project_root", None)
+        """The root of the session's project, None outside one or when it is the home
+        directory."""
+        root = session.project.root
         if root is None:
             return None
-        root = Path(root)
         try:
             if os.path.realpath(root) == os.path.realpath(self.home):
                 return None  # project skill dirs would be the user's again

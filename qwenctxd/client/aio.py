@@ -1,25 +1,29 @@
 """Async client (anyio): concurrent requests on one connection, notifications as a stream.
 
-A reader task matches replies to requests by id, so many callers can share one
-``AsyncClient``; server notifications (after ``daemon.subscribe``) are delivered to
-``notifications()``.
+A thin front over a :class:`~qwenctxd.client.aio_transport.StreamTransport` and the shared
+JSON-RPC rules (:class:`~qwenctxd.client.transport.RpcProtocol`): a reader task matches replies
+to requests by id, so many callers can share one ``AsyncClient``; server notifications (after
+``daemon.subscribe``) are delivered to ``notifications()``. ``AsyncClient(path)`` connects on
+``async with``; ``AsyncClient(transport=await StreamTransport.connected(sock))`` uses a socket
+that is already connected.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 import os
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
-import msgspec
+import anyio.abc
 
-from qwenctxd.client.errors import ConnectionLost, DaemonUnreachable, RemoteError
-from qwenctxd.client.sync import checked_params
+from qwenctxd.client.aio_transport import AsyncTransport, StreamTransport
+from qwenctxd.client.errors import ConnectionLost
+from qwenctxd.client.sync import checked_params, method_name
+from qwenctxd.client.transport import RpcProtocol, is_notification
 from qwenctxd.paths import socket_path
-from qwenctxd.protocol.framing import FrameDecoder, Framing, FramingError, encode
+from qwenctxd.protocol.framing import Framing
 
 if TYPE_CHECKING:  # the table is only needed by callers; keeps this import lean
     from qwenctxd.protocol.methods import Method
@@ -27,32 +31,26 @@ if TYPE_CHECKING:  # the table is only needed by callers; keeps this import lean
 T = TypeVar("T")
 P = TypeVar("P")
 R = TypeVar("R")
-_encoder = msgspec.json.Encoder()
 
 
 class AsyncClient:
     def __init__(
-        self, path: str | os.PathLike[str] | None = None, *, framing: Framing = Framing.NDJSON
+        self, path: str | os.PathLike[str] | None = None, *, framing: Framing = Framing.NDJSON,
+        transport: AsyncTransport | None = None,
     ) -> None:
-        self.path = socket_path(path)
-        self.framing = framing
-        self._ids = itertools.count(1)
+        self.path = socket_path(path) if transport is None or path is not None else None
+        self.framing = transport.framing if transport is not None else framing
+        self.transport = transport
+        self.rpc = RpcProtocol()
         self._pending: dict[int, anyio.Event] = {}
         self._replies: dict[int, dict[str, Any]] = {}
-        self._stream: anyio.abc.SocketStream | None = None
         self._tg: anyio.abc.TaskGroup | None = None
-        self._lock = anyio.Lock()
         self._closed_reason: str | None = None
 
     async def __aenter__(self) -> AsyncClient:
-        try:
-            self._stream = await anyio.connect_unix(self.path)
-        except FileNotFoundError:
-            raise DaemonUnreachable(str(self.path), "no socket file") from None
-        except ConnectionRefusedError:
-            raise DaemonUnreachable(str(self.path), "connection refused (stale socket?)") from None
-        except OSError as exc:
-            raise DaemonUnreachable(str(self.path), exc.strerror or type(exc).__name__) from None
+        if self.transport is None:
+            assert self.path is not None
+            self.transport = await StreamTransport.connect(self.path, framing=self.framing)
         self._notes_send, self._notes_recv = anyio.create_memory_object_stream[dict[str, Any]](
             math.inf
         )
@@ -62,31 +60,20 @@ class AsyncClient:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        assert self._tg is not None and self._stream is not None
+        assert self._tg is not None and self.transport is not None
         self._tg.cancel_scope.cancel()
         await self._tg.__aexit__(None, None, None)
-        await self._stream.aclose()
+        await self.transport.aclose()
         self._notes_send.close()
         self._notes_recv.close()
 
-    async def _frames(self) -> AsyncIterator[bytes]:
-        """Frames from the daemon, cut by the shared ``FrameDecoder``."""
-        assert self._stream is not None
-        dec = FrameDecoder(self.framing)
-        while True:
-            frame = dec.next_frame()
-            if frame is not None:
-                yield frame
-                continue
-            dec.feed(await self._stream.receive())
-
     async def _reader(self) -> None:
+        assert self.transport is not None
         try:
-            async for frame in self._frames():
-                msg = msgspec.json.decode(frame)
-                items = msg if isinstance(msg, list) else [msg]
-                for item in items:
-                    if "method" in item and "id" not in item:
+            while True:
+                msg = self.rpc.decode(await self.transport.receive())
+                for item in msg if isinstance(msg, list) else [msg]:
+                    if is_notification(item):
                         self._notes_send.send_nowait(item)
                         continue
                     rid = item.get("id")
@@ -94,17 +81,15 @@ class AsyncClient:
                     if ev is not None:
                         self._replies[rid] = item
                         ev.set()
-        except (anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError,
-                anyio.ClosedResourceError, ConnectionError, FramingError):
+        except ConnectionLost:
             self._closed_reason = "daemon closed the connection"
         finally:
             for ev in self._pending.values():
                 ev.set()
 
     async def send_raw(self, body: bytes) -> None:
-        assert self._stream is not None
-        async with self._lock:
-            await self._stream.send(encode(body, self.framing))
+        assert self.transport is not None
+        await self.transport.send(body)
 
     async def request(self, method: Method[P, R], params: P | None = None) -> R:
         """Call a method of the table with typed params; its typed result (see ``Client``)."""
@@ -114,30 +99,20 @@ class AsyncClient:
     async def call(self, method: str | Method[Any, Any], params: Any = None, *,
                    type: type[T] | None = None) -> Any:
         """Send a request, await its reply (``method``: a name or a table entry)."""
-        rid = next(self._ids)
-        name = method if isinstance(method, str) else method.name
-        req: dict[str, Any] = {"jsonrpc": "2.0", "method": name, "id": rid}
-        if params is not None:
-            req["params"] = params
+        rid, body = self.rpc.request(method_name(method), params)
         ev = self._pending[rid] = anyio.Event()
         try:
-            await self.send_raw(_encoder.encode(req))
+            await self.send_raw(body)
             await ev.wait()
         finally:
             self._pending.pop(rid, None)
         reply = self._replies.pop(rid, None)
         if reply is None:
             raise ConnectionLost(self._closed_reason or "no reply")
-        if "error" in reply:
-            raise RemoteError.from_wire(reply["error"])
-        result = reply.get("result")
-        return msgspec.convert(result, type) if type is not None else result
+        return self.rpc.outcome(reply, type)
 
-    async def notify(self, method: str, params: Any = None) -> None:
-        req: dict[str, Any] = {"jsonrpc": "2.0", "method": method}
-        if params is not None:
-            req["params"] = params
-        await self.send_raw(_encoder.encode(req))
+    async def notify(self, method: str | Method[Any, Any], params: Any = None) -> None:
+        await self.send_raw(self.rpc.notification(method_name(method), params))
 
     async def notifications(self) -> AsyncIterator[dict[str, Any]]:
         async for note in self._notes_recv:

@@ -7,12 +7,14 @@ reply carries the whole history (``messages_from == 0``). :class:`SessionHistory
 ``known`` and splices the reply, so the caller always sees the full message list::
 
     view = SessionHistory(session_id)
-    prompt = client.call("session.turn", view.params({"kind": "user", "text": "hi"}))
+    prompt = client.call(methods.SESSION_TURN, view.params({"kind": "user", "text": "hi"}))
     messages = view.apply(prompt)          # the full history, as a known-less call returns it
 
 or, in one step, ``view.turn(client, params)`` / ``await view.aturn(async_client, params)``.
-The copy holds the messages as the daemon sent them; ``session.record_model`` needs no local
-append (the next reply carries the recorded message in its wire form).
+The copy holds the messages as the daemon sent them (JSON, as a client forwards them on: the
+proxy); ``session.record_model`` needs no local append (the next reply carries the recorded
+message in its wire form). The call names the method through the table
+(``methods.SESSION_TURN``), params and reply stay JSON.
 """
 
 from __future__ import annotations
@@ -73,9 +75,13 @@ class SessionHistory:
 
     def turn(self, client: Any, params: dict[str, Any]) -> dict[str, Any]:
         """One ``session.turn`` through a blocking :class:`~qwenctxd.client.Client`."""
-        return self.full_prompt(client.call("session.turn", self.params(params)))
+        from qwenctxd.protocol import methods  # lazy: the client package stays cheap to import
+
+        return self.full_prompt(client.call(methods.SESSION_TURN, self.params(params)))
 
     async def aturn(self, client: Any, params: dict[str, Any]) -> dict[str, Any]:
         """One ``session.turn`` through an :class:`~qwenctxd.client.AsyncClient` (or anything
         with an awaitable ``call(method, params)``)."""
-        return self.full_prompt(await client.call("session.turn", self.params(params)))
+        from qwenctxd.protocol import methods  # lazy: the client package stays cheap to import
+
+        return self.full_prompt(await client.call(methods.SESSION_TURN, self.params(params)))

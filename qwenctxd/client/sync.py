@@ -1,25 +1,26 @@
-"""Blocking client: one socket, either framing, request/notify/batch with typed results.
+"""Blocking client: a thin front over a frame transport, request/notify/batch, typed results.
 
 ``request(methods.X, params)`` is the typed call (params struct in, result struct out, driven
-by the method table); ``call(name, params)`` stays for raw names and dict params.
+by the method table); ``call(name, params)`` stays for raw names and dict params (qwenctl's
+``call`` command, protocol tests). The JSON-RPC rules (ids, reply matching, error mapping) are
+:class:`qwenctxd.client.transport.RpcProtocol`'s; the bytes move through a
+:class:`~qwenctxd.client.transport.Transport` — by default a
+:class:`~qwenctxd.client.transport.SocketTransport` connected to ``path``; pass
+``transport=SocketTransport.connected(sock)`` to use a socket that is already connected.
 
 Cheap to import (no anyio): qwenctl uses it so that a one-shot command starts fast.
 """
 
 from __future__ import annotations
 
-import itertools
 import os
-import socket
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-import msgspec
-
-from qwenctxd.client.errors import ConnectionLost, DaemonUnreachable, RemoteError
+from qwenctxd.client.errors import ConnectionLost, RemoteError
+from qwenctxd.client.transport import RpcProtocol, SocketTransport, Transport, is_notification
 from qwenctxd.paths import socket_path
-from qwenctxd.protocol import errors as perrors
-from qwenctxd.protocol.framing import FrameDecoder, Framing, FramingError, encode
+from qwenctxd.protocol.framing import Framing
 
 if TYPE_CHECKING:  # the table is only needed by callers; keeps this import lean
     from qwenctxd.protocol.methods import Method
@@ -27,7 +28,6 @@ if TYPE_CHECKING:  # the table is only needed by callers; keeps this import lean
 T = TypeVar("T")
 P = TypeVar("P")
 R = TypeVar("R")
-_encoder = msgspec.json.Encoder()
 
 
 def checked_params(method: Method[Any, Any], params: Any) -> Any:
@@ -40,8 +40,15 @@ def checked_params(method: Method[Any, Any], params: Any) -> Any:
     return params
 
 
+def method_name(method: str | Method[Any, Any]) -> str:
+    return method if isinstance(method, str) else method.name
+
+
 class Client:
-    """A connection to the daemon. Use as a context manager or call ``close()``."""
+    """A connection to the daemon. Use as a context manager or call ``close()``.
+
+    ``Client(path)`` connects to the socket at ``path`` (default: :func:`socket_path`);
+    ``Client(transport=...)`` drives a transport built elsewhere (its framing is used)."""
 
     def __init__(
         self,
@@ -49,26 +56,19 @@ class Client:
         *,
         framing: Framing = Framing.NDJSON,
         timeout: float | None = 30.0,
+        transport: Transport | None = None,
     ) -> None:
-        self.path = socket_path(path)
-        self.framing = framing
-        self._ids = itertools.count(1)
-        self._decoder = FrameDecoder(framing)
+        self.path: Path | None
+        if transport is None:
+            self.path = socket_path(path)
+            transport = SocketTransport.connect(self.path, framing=framing, timeout=timeout)
+        else:  # the socket path, when the transport was connected by one
+            where = path if path is not None else getattr(transport, "path", "")
+            self.path = Path(where) if where else None
+        self.transport = transport
+        self.framing = transport.framing
+        self.rpc = RpcProtocol()
         self.notifications: list[dict[str, Any]] = []
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(timeout)
-        try:
-            sock.connect(str(self.path))
-        except FileNotFoundError:
-            sock.close()
-            raise DaemonUnreachable(str(self.path), "no socket file") from None
-        except ConnectionRefusedError:
-            sock.close()
-            raise DaemonUnreachable(str(self.path), "connection refused (stale socket?)") from None
-        except OSError as exc:
-            sock.close()
-            raise DaemonUnreachable(str(self.path), exc.strerror or type(exc).__name__) from None
-        self._sock = sock
 
     def __enter__(self) -> Client:
         return self
@@ -77,26 +77,15 @@ class Client:
         self.close()
 
     def close(self) -> None:
-        self._sock.close()
+        self.transport.close()
 
     # -- raw frames --------------------------------------------------------------------------
     def send_raw(self, body: bytes) -> None:
-        self._sock.sendall(encode(body, self.framing))
+        self.transport.send(body)
 
     def read_frame(self) -> bytes:
         """The next frame from the daemon (cut by the shared ``FrameDecoder``)."""
-        dec = self._decoder
-        while True:
-            try:
-                frame = dec.next_frame()
-            except FramingError as exc:
-                raise ConnectionLost(f"bad frame from the daemon: {exc}") from None
-            if frame is not None:
-                return frame
-            chunk = self._sock.recv(65536)
-            if not chunk:
-                raise ConnectionLost("daemon closed the connection")
-            dec.feed(chunk)
+        return self.transport.receive()
 
     # -- JSON-RPC ----------------------------------------------------------------------------
     def request(self, method: Method[P, R], params: P | None = None) -> R:
@@ -110,13 +99,9 @@ class Client:
 
         ``method`` is a name or a table entry (its name is used; the result stays untyped
         unless ``type`` is given — ``request`` is the typed call)."""
-        rid = next(self._ids)
-        name = method if isinstance(method, str) else method.name
-        req: dict[str, Any] = {"jsonrpc": "2.0", "method": name, "id": rid}
-        if params is not None:
-            req["params"] = params
+        rid, body = self.rpc.request(method_name(method), params)
         try:
-            self.send_raw(_encoder.encode(req))
+            self.send_raw(body)
         except OSError:
             # a daemon at its connection cap answers -32005 and closes before reading: the
             # send may fail, the reply is still there to read
@@ -124,55 +109,33 @@ class Client:
                 frame = self.read_frame()
             except Exception:
                 raise ConnectionLost("daemon closed the connection") from None
-            msg = msgspec.json.decode(frame)
+            msg = self.rpc.decode(frame)
             if isinstance(msg, dict) and isinstance(msg.get("error"), dict):
                 raise RemoteError.from_wire(msg["error"]) from None
             raise
         while True:
-            msg = msgspec.json.decode(self.read_frame())
-            if isinstance(msg, dict) and "method" in msg and "id" not in msg:
+            msg = self.rpc.decode(self.read_frame())
+            if is_notification(msg):
                 self.notifications.append(msg)
                 continue
-            if (isinstance(msg, dict) and msg.get("id") is None and isinstance(msg.get("error"), dict)
-                    and msg["error"].get("code") == perrors.BUSY):
-                raise RemoteError.from_wire(msg["error"])  # refused at the connection cap
+            refused = self.rpc.refusal(msg)
+            if refused is not None:
+                raise refused  # refused at the connection cap
             if not isinstance(msg, dict) or msg.get("id") != rid:
                 raise ConnectionLost(f"unexpected reply {str(msg)[:200]}")
-            if "error" in msg:
-                raise RemoteError.from_wire(msg["error"])
-            result = msg.get("result")
-            return msgspec.convert(result, type) if type is not None else result
+            return self.rpc.outcome(msg, type)
 
-    def notify(self, method: str, params: Any = None) -> None:
-        req: dict[str, Any] = {"jsonrpc": "2.0", "method": method}
-        if params is not None:
-            req["params"] = params
-        self.send_raw(_encoder.encode(req))
+    def notify(self, method: str | Method[Any, Any], params: Any = None) -> None:
+        self.send_raw(self.rpc.notification(method_name(method), params))
 
-    def batch(self, calls: list[tuple[str, Any]]) -> list[Any]:
+    def batch(self, calls: list[tuple[str | Method[Any, Any], Any]]) -> list[Any]:
         """Send ``[(method, params), ...]`` as one batch; replies in request order.
 
         Each element of the returned list is the result, or a RemoteError instance.
         """
-        first = next(self._ids)
-        reqs = []
-        for i, (method, params) in enumerate(calls):
-            req: dict[str, Any] = {"jsonrpc": "2.0", "method": method, "id": first + i}
-            if params is not None:
-                req["params"] = params
-            reqs.append(req)
-        for _ in range(len(calls) - 1):
-            next(self._ids)
-        self.send_raw(_encoder.encode(reqs))
-        replies = msgspec.json.decode(self.read_frame())
-        if isinstance(replies, dict):  # a whole-batch error
-            raise RemoteError.from_wire(replies.get("error", {}))
-        by_id = {r.get("id"): r for r in replies}
-        out: list[Any] = []
-        for req in reqs:
-            r = by_id.get(req["id"], {"error": {"code": -32603, "message": "no reply"}})
-            out.append(RemoteError.from_wire(r["error"]) if "error" in r else r.get("result"))
-        return out
+        ids, body = self.rpc.batch([(method_name(m), p) for m, p in calls])
+        self.send_raw(body)
+        return self.rpc.batch_outcomes(ids, self.rpc.decode(self.read_frame()))
 
 
 def call(method: str | Method[Any, Any], params: Any = None, *, path: str | Path | None = None,

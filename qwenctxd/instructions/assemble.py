@@ -28,7 +28,6 @@ from qwenctxd.fsutil import open_regular
 from qwenctxd.instructions.discovery import Discovery, InstructionFile
 from qwenctxd.instructions.imports import process_imports
 from qwenctxd.instructions.rules import RuleSet, load_rules
-from qwenctxd.project.roots import find_project_root
 
 ANY_MD = "*.md"
 EXPANDED_CAP_FACTOR = 8  # a file with its imports may be 8x the per-file cap
@@ -102,11 +101,10 @@ def read_capped(path: Path, cap: int) -> tuple[str, int, bool]:
 
 
 def build(discovery: Discovery, *, import_format: str, max_file_bytes: int,
-          root_of: Callable[[Path], Path | None] | None = None) -> InstructionSet:
+          root_of: Callable[[Path], Path | None]) -> InstructionSet:
     """Read the discovered files; ``root_of`` maps a directory to its git root (the daemon
-    passes its project registry's lookup; default: a fresh lookup)."""
+    passes its project registry's lookup)."""
     cwd = discovery.cwd
-    root_of = root_of or find_project_root
     deps: dict[Path, set[str]] = {}
     prints: dict[Path, tuple[int, int] | None] = {}
 

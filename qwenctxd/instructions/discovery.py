@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Literal
 
 from qwenctxd.fsutil import read_regular
-from qwenctxd.project.roots import find_project_root
 
 LOCAL_FILENAME = "QWEN.local.md"
 OUTPUT_LANGUAGE_FILENAME = "output-language.md"
@@ -109,16 +108,17 @@ def discover(
     qwen_dir: Path,
     extension_paths: list[Path] = (),  # type: ignore[assignment]
     include_dirs: list[Path] = (),  # type: ignore[assignment]
-    root_of: Callable[[Path], Path | None] | None = None,
+    project_root: Path | None,
+    root_of: Callable[[Path], Path | None],
 ) -> Discovery:
-    """What to load for ``cwd``; ``root_of`` maps a directory to its git root (the daemon
-    passes its project registry's lookup; default: a fresh lookup)."""
-    root_of = root_of or find_project_root
+    """What to load for ``cwd``, whose project root is ``project_root`` (as the caller
+    resolved it); ``root_of`` maps any other directory (an include dir) to its git root (the
+    daemon passes its project registry's lookup)."""
     cwd = Path(os.path.abspath(cwd))
     home = Path(os.path.abspath(home))
     qwen_dir = Path(os.path.abspath(qwen_dir))
     names = normalize_filenames(filenames)
-    root = root_of(cwd)
+    root = project_root
     probed: set[Path] = set()
     result = Discovery(cwd=cwd, project_root=root, files=[], probed=probed)
     seen: set[Path] = set()

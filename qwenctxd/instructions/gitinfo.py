@@ -1,7 +1,7 @@
 """What the prompt needs to know about git: the project root, the branch, recent commits.
 
-* :func:`find_project_root` — re-exported from :mod:`qwenctxd.project.roots` (the daemon
-  resolves roots through its :class:`~qwenctxd.project.ProjectRegistry`).
+The project root itself is the :class:`~qwenctxd.project.ProjectRegistry`'s to find.
+
 * :func:`resolve_git_dir` / :func:`resolve_common_dir` — where a root's git data lives.
 * :func:`read_head` / :func:`head_path` — the branch (or detached commit) straight from the
   ``HEAD`` file, following a ``gitdir:`` pointer. Cheap enough for cache keys; the daemon
@@ -30,7 +30,6 @@ import anyio.lowlevel
 import structlog
 
 from qwenctxd.fsutil import read_regular
-from qwenctxd.project.roots import find_project_root as find_project_root  # re-export
 
 log = structlog.get_logger(__name__)
 

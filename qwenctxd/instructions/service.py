@@ -6,9 +6,10 @@ or was probed. Watch events are filtered by file name, so unrelated churn in the
 build writing 1 000 files) never invalidates anything; a relevant change drops the entry and the
 next request rebuilds. Once the watches are live, the cache compares the files' stat
 fingerprints with the build and invalidates if an edit slipped in before the watch was
-registered. The git section is a second watched cache, per root. The project (root, settings,
-``~/.qwen``) comes from the shared :class:`~qwenctxd.project.ProjectRegistry`. A warm request is
-a few dict lookups.
+registered. The git section is a second watched cache, per root. Every request brings its
+resolved :class:`~qwenctxd.project.Project` (root, settings, home, ``~/.qwen``); the shared
+:class:`~qwenctxd.project.ProjectRegistry` is only asked for the git root of the other
+directories a build reads (include dirs, imports). A warm request is a few dict lookups.
 """
 
 from __future__ import annotations
@@ -23,13 +24,12 @@ from typing import Any
 import anyio
 import structlog
 
-from qwenctxd.config import ConfigStore
 from qwenctxd.config.schema import Settings
 from qwenctxd.instructions import assemble, base_prompt, discovery, gitinfo, system_md
 from qwenctxd.instructions.assemble import InstructionSet
 from qwenctxd.instructions.system_prompt import PROMPT_ENV_KEYS, compose
 from qwenctxd.instructions.tool_roles import ToolRoles
-from qwenctxd.project import ProjectRegistry
+from qwenctxd.project import Project, ProjectRegistry
 from qwenctxd.protocol.instructions import prefix_hash
 from qwenctxd.tasks import TaskRegistry
 from qwenctxd.tokens import estimate_tokens
@@ -37,7 +37,7 @@ from qwenctxd.watch import Watched, WatchedCache, WatchHub
 
 log = structlog.get_logger("qwenctxd.instructions")
 GIT_TIMEOUT_S = 1.0
-MemorySectionProvider = Callable[[Path | None, Path], str]
+MemorySectionProvider = Callable[[Project], str]
 
 
 @dataclass
@@ -79,20 +79,17 @@ def _matches(names: set[str], name: str) -> bool:
 class InstructionsService:
     def __init__(
         self,
-        config: ConfigStore,
         hub: WatchHub,
         tasks: TaskRegistry,
         *,
+        projects: ProjectRegistry,
         environ: Mapping[str, str] | None = None,
         on_rebuild: Callable[[], None] | None = None,
         extension_paths: Callable[[], list[Path]] | None = None,
-        projects: ProjectRegistry | None = None,
         memory_section: MemorySectionProvider | None = None,
-        memory_stamp: Callable[[Path | None, Path], object] | None = None,
+        memory_stamp: Callable[[Project], object] | None = None,
     ) -> None:
-        self._config = config
-        self._projects = projects if projects is not None else ProjectRegistry(
-            config, environ=environ)
+        self._projects = projects
         self._hub = hub
         self._tasks = tasks
         self._environ = environ if environ is not None else os.environ
@@ -108,22 +105,9 @@ class InstructionsService:
         self._prompts: dict[tuple[Any, ...], tuple[tuple[Any, ...], SystemPrompt]] = {}
         self.rebuilds = 0
 
-    # -- paths --------------------------------------------------------------------------------
-    def _home(self) -> Path:
-        return self._projects.home
-
-    def qwen_dir(self) -> Path:
-        return self._projects.qwen_home
-
-    def project_root(self, cwd: Path) -> Path | None:
-        return self._projects.root(cwd)
-
-    def settings_for(self, cwd: Path) -> Settings:
-        return self._projects.get(cwd).settings
-
     # -- instruction sets ---------------------------------------------------------------------
-    async def instruction_set(self, cwd: Path) -> InstructionSet:
-        project = self._projects.get(cwd)
+    async def instruction_set(self, project: Project, cwd: Path) -> InstructionSet:
+        """The instruction set for ``cwd`` in ``project`` (cached per cwd)."""
         settings = project.settings
         key = (project.root, *_settings_key(settings))
         entry = self._sets.peek(cwd)
@@ -131,14 +115,13 @@ class InstructionsService:
             return entry.value
         if entry is not None:  # the settings that shape it changed
             self._sets.invalidate(cwd)
-        entry = await self._sets.get(cwd, lambda: self._load_set(cwd, project.root, settings,
-                                                                 key))
+        entry = await self._sets.get(cwd, lambda: self._load_set(project, cwd, settings, key))
         return entry.value
 
-    async def _load_set(self, cwd: Path, root: Path | None, settings: Settings,
+    async def _load_set(self, project: Project, cwd: Path, settings: Settings,
                         key: tuple[Any, ...]) -> Watched[_SetEntry]:
         epoch = self._sets.epoch(cwd)
-        value = await anyio.to_thread.run_sync(self._build, cwd, root, settings)
+        value = await anyio.to_thread.run_sync(self._build, project, cwd, settings)
         self.rebuilds += 1
         self._on_rebuild()
         deps, prints = value.deps, value.fingerprints
@@ -157,17 +140,18 @@ class InstructionsService:
         return Watched(_SetEntry(key=key, value=value, epoch=epoch), deps.keys(), relevant,
                        changed)
 
-    def _build(self, cwd: Path, root: Path | None, settings: Settings) -> InstructionSet:
+    def _build(self, project: Project, cwd: Path, settings: Settings) -> InstructionSet:
         c = settings.context
         disc = discovery.discover(
             cwd,
             filenames=c.file_name if isinstance(c.file_name, list) else [c.file_name],
-            home=self._home(),
-            qwen_dir=self.qwen_dir(),
+            home=project.home,
+            qwen_dir=project.qwen_home,
             extension_paths=[*discovery.extension_context_files(
-                self.qwen_dir(), root), *self._extension_paths()],
+                project.qwen_home, project.root), *self._extension_paths()],
             include_dirs=[Path(d).expanduser() for d in c.include_directories]
             if c.load_from_include_directories else [],
+            project_root=project.root,
             root_of=self._projects.root_of,
         )
         return assemble.build(disc, import_format=c.import_format, max_file_bytes=c.max_file_bytes,
@@ -184,11 +168,12 @@ class InstructionsService:
                 self.invalidate_cwd(cwd)
 
     # -- git ----------------------------------------------------------------------------------
-    async def git_snapshot(self, cwd: Path) -> str:
-        """A fresh git section for a session starting now in ``cwd`` ("" outside a repository).
+    async def git_snapshot(self, project: Project) -> str:
+        """A fresh git section for a session starting now in ``project`` ("" outside a
+        repository).
 
         Queried now, not taken from the cache: the status lines must be the ones at start."""
-        root = self.project_root(cwd)
+        root = project.root
         if root is None:
             return ""
         return gitinfo.render_git_section(
@@ -221,6 +206,7 @@ class InstructionsService:
     # -- the system prompt --------------------------------------------------------------------
     async def system_prompt(
         self,
+        project: Project,
         cwd: Path,
         *,
         model: str | None = None,
@@ -231,17 +217,17 @@ class InstructionsService:
         agent: str | None = None,
         git_snapshot: str | None = None,
     ) -> SystemPrompt:
-        """The system prompt for ``cwd``; the base follows the session's declared tools
-        (``tool_roles``; None: no tools declared) and the client's ``agent`` name (C5).
-        ``git_snapshot`` (a session's, taken when it began, see :meth:`git_snapshot`) replaces
-        the project's current git section, so a session's prompt prefix does not move when
-        files change or commits land mid-conversation."""
+        """The system prompt for ``cwd`` in ``project``; the base follows the session's
+        declared tools (``tool_roles``; None: no tools declared) and the client's ``agent``
+        name (C5). ``git_snapshot`` (a session's, taken when it began, see
+        :meth:`git_snapshot`) replaces the project's current git section, so a session's
+        prompt prefix does not move when files change or commits land mid-conversation."""
         merged = {k: self._environ[k] for k in PROMPT_ENV_KEYS if k in self._environ}
         if env:
             merged.update({k: v for k, v in env.items() if k in PROMPT_ENV_KEYS})
         env_key = tuple(sorted(merged.items()))
         pkey = (cwd, model, append, interaction_mode, env_key, tool_roles, agent, git_snapshot)
-        root_guess = self.project_root(cwd)
+        root_guess = project.root
         if git_snapshot is not None:
             root_guess = None  # the session brought its own: no git query
         if root_guess is not None and self._git.peek(root_guess) is None \
@@ -254,9 +240,9 @@ class InstructionsService:
 
             async with anyio.create_task_group() as tg:
                 tg.start_soon(git_job)
-                inst = await self.instruction_set(cwd)
+                inst = await self.instruction_set(project, cwd)
         else:
-            inst = await self.instruction_set(cwd)
+            inst = await self.instruction_set(project, cwd)
         root = inst.project_root
         if git_snapshot is not None:
             git_section, git_epoch = git_snapshot, -1
@@ -264,16 +250,16 @@ class InstructionsService:
             git_section, git_epoch = await self._git_section(root)
         sys_md_print = None
         sys_md_on, sys_md_path = system_md.resolve_path_from_env(
-            merged.get("QWEN_SYSTEM_MD"), cwd=cwd, home=self._home())
+            merged.get("QWEN_SYSTEM_MD"), cwd=cwd, home=project.home)
         if sys_md_on and sys_md_path is not None:
             sys_md_print = (sys_md_path, assemble.fingerprint(sys_md_path))
-        mem = self.memory_stamp(root, cwd) if self.memory_stamp is not None else None
+        mem = self.memory_stamp(project) if self.memory_stamp is not None else None
         # the set itself, not id(inst): a rebuilt set may reuse a freed one's address
         stamp = (inst, git_epoch, sys_md_print, mem)
         cached = self._prompts.get(pkey)
         if cached is not None and cached[0][0] is inst and cached[0][1:] == stamp[1:]:
             return cached[1]
-        result = self._assemble(cwd, inst, git_section, model=model, append=append,
+        result = self._assemble(project, cwd, inst, git_section, model=model, append=append,
                                 interaction_mode=interaction_mode, env=merged,
                                 tool_roles=tool_roles, agent=agent)
         if len(self._prompts) > 512:
@@ -281,10 +267,11 @@ class InstructionsService:
         self._prompts[pkey] = (stamp, result)
         return result
 
-    def _assemble(self, cwd: Path, inst: InstructionSet, git_section: str, *, model: str | None,
-                  append: str | None, interaction_mode: str, env: dict[str, str],
-                  tool_roles: ToolRoles | None = None, agent: str | None = None) -> SystemPrompt:
-        home = self._home()
+    def _assemble(self, project: Project, cwd: Path, inst: InstructionSet, git_section: str, *,
+                  model: str | None, append: str | None, interaction_mode: str,
+                  env: dict[str, str], tool_roles: ToolRoles | None = None,
+                  agent: str | None = None) -> SystemPrompt:
+        home = project.home
         override = system_md.load_system_md(env, cwd, home)
         omitted: list[str] = []
         if override is not None:
@@ -305,7 +292,7 @@ class InstructionsService:
             system_md.write_system_md(env, cwd, home, "\n\n".join(t for _, t in base).strip())
         memory = ""
         if self.memory_section is not None:
-            memory = self.memory_section(inst.project_root, cwd)
+            memory = self.memory_section(project)
         composed = compose(base, instructions=inst.text, memory_section=memory, append=append,
                            git_section=git_section)
         text = composed.text

@@ -24,11 +24,10 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from qwenctxd.fsutil import is_within, real_location
 from qwenctxd.paths import project_slug, runtime_base_dir
-from qwenctxd.project.roots import find_project_root
 
 Scope = Literal["project", "user", "team"]
 MemoryType = Literal["user", "feedback", "project", "reference"]
@@ -110,18 +109,14 @@ def team_memory_root(git_root: Path) -> Path:
     return _absolute(git_root) / QWEN_DIRNAME / TEAM_MEMORY_DIRNAME
 
 
-_LOOK_UP: Any = object()
-
-
 def roots_for(
-    cwd: Path, *, environ: Mapping[str, str] | None = None, team_enabled: bool = False,
-    git_root: Path | None = _LOOK_UP,
+    cwd: Path, *, git_root: Path | None, environ: Mapping[str, str] | None = None,
+    team_enabled: bool = False,
 ) -> MemoryRoots:
     """The memory roots for a session started in ``cwd``; ``git_root`` is its project's root
-    as the daemon's project registry resolved it (looked up here only when not given)."""
+    as the daemon's project registry resolved it (None outside a repository; never looked up
+    here)."""
     start = _absolute(cwd)
-    if git_root is _LOOK_UP:
-        git_root = find_project_root(start)
     anchor = git_root if git_root is not None else start
     project = project_memory_root(anchor, environ)
     team = team_memory_root(git_root) if team_enabled and git_root is not None else None

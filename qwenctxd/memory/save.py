@@ -33,6 +33,7 @@ from qwenctxd.memory import index as mindex
 from qwenctxd.memory import paths as mpaths
 from qwenctxd.memory import secrets
 from qwenctxd.memory.service import MemoryService
+from qwenctxd.project import Project
 from qwenctxd.protocol.errors import (
     InvalidParams,
     PathOutsideProject,
@@ -101,15 +102,15 @@ def validated(name: str, description: str, body: str) -> tuple[str, str, str]:
     return name, description, body
 
 
-async def save(service: MemoryService, cwd: Path, *, mem_type: str, name: str,
+async def save(service: MemoryService, project: Project, *, mem_type: str, name: str,
                description: str, body: str, scope: str, write: Writer) -> SaveOutcome:
     name, description, body = validated(name, description, body)
-    roots = service.roots(cwd)
+    roots = service.roots(project)
     root = roots.for_scope(scope)
     if root is None:
         raise _bad("scope", "team memory is off here (memory.enableTeamMemory, needs a git "
                             "repository)" if scope == "team" else "not available")
-    await service.project(cwd)  # scaffolds the project and user roots
+    await service.load(project)  # scaffolds the project and user roots
     redacted: dict[str, int] = {}
     fields = []
     for value in (name, description, body):
@@ -152,6 +153,6 @@ async def save(service: MemoryService, cwd: Path, *, mem_type: str, name: str,
 
     created, warnings = await anyio.to_thread.run_sync(land)
     COUNTERS.add("redacted_writes", sum(redacted.values()))
-    await service.landed(cwd, {"saved": str(target), "scope": scope})
+    await service.landed(project, {"saved": str(target), "scope": scope})
     return SaveOutcome(path=target, scope=scope, created=created, warnings=warnings,
                        redacted=summary)

@@ -5,6 +5,10 @@ scan of the memory files and an SQLite FTS5 index in step with them (watchers on
 directories; changes re-sync in a background job), answers recall (model selector over headers
 when a model is configured, lexical BM25 otherwise or on any model failure), renders the memory
 section of the system prompt, vets writes into team memory, and forgets in two steps.
+
+Every entry point takes the caller's resolved :class:`~qwenctxd.project.Project` (the wire edge
+or the session resolved it once): its ``anchor`` keys the project's memory, its ``root`` and
+``settings`` decide the roots and whether memory is on. Nothing here walks up for ``.git``.
 """
 
 from __future__ import annotations
@@ -16,12 +20,11 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 import structlog
 
-from qwenctxd.config import ConfigStore
 from qwenctxd.events import EventBus
 from qwenctxd.fsutil import (
     PRIVATE_DIR_MODE,
@@ -38,8 +41,9 @@ from qwenctxd.memory.outbound import OUTBOUND, render_outbound
 from qwenctxd.memory.prompt import memory_section
 from qwenctxd.memory.tokenize import is_noise_query
 from qwenctxd.model import ModelClient
-from qwenctxd.project import ProjectRegistry
-from qwenctxd.protocol.errors import ModelUnavailable, PathOutsideProject
+from qwenctxd.project import Project
+from qwenctxd.protocol import memory as wire
+from qwenctxd.protocol.errors import InvalidParams, ModelUnavailable, PathOutsideProject
 from qwenctxd.tasks import TaskRegistry
 from qwenctxd.watch import Watched, WatchedCache, WatchHub
 
@@ -77,6 +81,7 @@ class CheckVerdict:
 @dataclass
 class _Project:
     key: Path
+    project: Project
     roots: mpaths.MemoryRoots
     lexical: LexicalIndex
     docs: list[store.MemoryDoc] = field(default_factory=list)
@@ -85,36 +90,31 @@ class _Project:
 
 
 class MemoryService:
-    def __init__(self, config: ConfigStore, hub: WatchHub, tasks: TaskRegistry, bus: EventBus,
-                 *, model: Callable[[], ModelClient], environ: Mapping[str, str] | None = None,
-                 projects: ProjectRegistry | None = None) -> None:
-        self._config = config
+    def __init__(self, hub: WatchHub, tasks: TaskRegistry, bus: EventBus,
+                 *, model: Callable[[], ModelClient],
+                 environ: Mapping[str, str] | None = None) -> None:
         self._hub = hub
         self._tasks = tasks
         self._bus = bus
         self._model = model
         self._environ = environ if environ is not None else os.environ
-        self._projects = projects if projects is not None else ProjectRegistry(
-            config, environ=environ)
-        self._project_root = self._projects.root
         # scan + FTS index per project; a relevant change re-syncs in the background
         self._loads: WatchedCache[Path, _Project] = WatchedCache(
             hub, tasks, "memory", on_stale=lambda _key, proj: self._schedule_refresh(proj))
         self._hits: dict[str, int] = {}
-        self._roots: dict[tuple[Path, bool], mpaths.MemoryRoots] = {}
+        self._roots: dict[tuple[Path, Path | None, bool], mpaths.MemoryRoots] = {}
 
     # -- roots ------------------------------------------------------------------------------------
-    def enabled(self, root: Path | None) -> bool:
-        s = self._config.for_project(root) if root else self._config.global_settings
-        return s.memory.enable_managed_auto_memory
+    @staticmethod
+    def enabled(project: Project) -> bool:
+        return project.settings.memory.enable_managed_auto_memory
 
-    def roots(self, cwd: Path) -> mpaths.MemoryRoots:
-        project = self._projects.get(cwd)
+    def roots(self, project: Project) -> mpaths.MemoryRoots:
         s = project.settings
-        key = (cwd, project.root, s.memory.enable_team_memory)
+        key = (project.anchor, project.root, s.memory.enable_team_memory)
         cached = self._roots.get(key)
         if cached is None:
-            cached = mpaths.roots_for(cwd, environ=self._environ,
+            cached = mpaths.roots_for(project.anchor, environ=self._environ,
                                       team_enabled=s.memory.enable_team_memory,
                                       git_root=project.root)
             if len(self._roots) > 1024:
@@ -122,28 +122,29 @@ class MemoryService:
             self._roots[key] = cached
         return cached
 
-    async def project(self, cwd: Path) -> _Project:
+    async def load(self, project: Project) -> _Project:
         """The project's memory, loaded once (scan + FTS index) and shared by every caller.
 
         The load runs as shared work (:class:`~qwenctxd.tasks.SharedLoads`): a caller that is
         cancelled (a superseded recall prefetch) stops waiting, the load goes on, and the
         project is published only once its documents and index are both complete.
         """
-        key = self._project_root(cwd) or cwd
+        key = project.anchor
         proj = self._loads.peek(key)
         if proj is not None:
             return proj
-        return await self._loads.get(key, lambda: self._open(key, cwd))
+        return await self._loads.get(key, lambda: self._open(project))
 
-    async def _open(self, key: Path, cwd: Path) -> Watched[_Project]:
-        roots = self.roots(cwd)
+    async def _open(self, project: Project) -> Watched[_Project]:
+        key = project.anchor
+        roots = self.roots(project)
         await anyio.to_thread.run_sync(store.ensure_scaffold, roots)
         db_dir = roots.state or (roots.user.parent / "projects" / "_no_project")
         make_dirs(db_dir, PRIVATE_DIR_MODE)
         lexical = LexicalIndex(db_dir / "recall.sqlite")
         await lexical.open()
         try:
-            proj = _Project(key=key, roots=roots, lexical=lexical)
+            proj = _Project(key=key, project=project, roots=roots, lexical=lexical)
             await anyio.to_thread.run_sync(self._load_hits, proj)
             watched = await self._resync_watched(proj)
         except BaseException:
@@ -219,12 +220,13 @@ class MemoryService:
             self._loads.forget(key)
 
     # -- listing ------------------------------------------------------------------------------------
-    async def list(self, cwd: Path, scope: str | None = None) -> list[store.MemoryDoc]:
-        proj = await self.project(cwd)
+    async def list(self, project: Project, scope: str | None = None
+                   ) -> list[store.MemoryDoc]:
+        proj = await self.load(project)
         return [d for d in proj.docs if scope is None or d.scope == scope]
 
     # -- recall -------------------------------------------------------------------------------------
-    async def recall(self, cwd: Path, query: str, *, active_tools: Sequence[str] = (),
+    async def recall(self, project: Project, query: str, *, active_tools: Sequence[str] = (),
                      exclude: Sequence[str] = (), limit: int = render.MAX_RELEVANT_DOCS,
                      use_selector: bool = True, selector_timeout_s: float | None = None,
                      on_lexical: Callable[[RecallOutcome], None] | None = None,
@@ -236,7 +238,7 @@ class MemoryService:
         soon as it exists (a turn that cannot wait for the selector delivers it), and a selector
         that fails, answers nothing or misses ``selector_timeout_s`` leaves the lexical answer
         standing (``tiers`` says which happened)."""
-        proj = await self.project(cwd)
+        proj = await self.load(project)
         if not query.strip() or not proj.docs or is_noise_query(query):
             # nothing to match on (noise such as one CJK character): no recall at all
             return RecallOutcome(strategy="none", docs=[], prompt="")
@@ -343,10 +345,10 @@ class MemoryService:
                            project=str(proj.key))
 
     # -- the system prompt section --------------------------------------------------------------------
-    def prompt_section(self, project_root: Path | None, cwd: Path) -> str:
-        if not self.enabled(project_root):
+    def prompt_section(self, project: Project) -> str:
+        if not self.enabled(project):
             return ""
-        roots = self.roots(cwd)
+        roots = self.roots(project)
         indexes = []
         for scope, root in self._scoped_roots(roots):
             try:
@@ -356,11 +358,11 @@ class MemoryService:
             indexes.append((scope, root, OUTBOUND.text(text)))  # redacted, escaped
         return memory_section(indexes)
 
-    def prompt_stamp(self, project_root: Path | None, cwd: Path) -> tuple[Any, ...]:
+    def prompt_stamp(self, project: Project) -> tuple[Any, ...]:
         """Changes whenever the memory section would: the indexes' stat and the settings."""
-        if not self.enabled(project_root):
+        if not self.enabled(project):
             return ("off",)
-        roots = self.roots(cwd)
+        roots = self.roots(project)
         out: list[Any] = []
         for _, root in self._scoped_roots(roots):
             try:
@@ -371,18 +373,18 @@ class MemoryService:
         return tuple(out)
 
     # -- writes ---------------------------------------------------------------------------------------
-    def check_write(self, cwd: Path, path: Path, content: str) -> tuple[bool, str | None,
-                                                                       list[secrets.SecretHit]]:
-        v = self.check_write_verdict(cwd, path, content)
+    def check_write(self, project: Project, path: Path, content: str
+                    ) -> tuple[bool, str | None, list[secrets.SecretHit]]:
+        v = self.check_write_verdict(project, path, content)
         return v.allowed, v.scope, v.rules
 
-    def check_write_verdict(self, cwd: Path, path: Path, content: str) -> CheckVerdict:
+    def check_write_verdict(self, project: Project, path: Path, content: str) -> CheckVerdict:
         """What a write of ``content`` to ``path`` would become: ``allow``, ``redact``
         (project/user memory) or ``refuse`` (team memory holding a secret, or a symlink that
         takes the bytes out of the memory directory)."""
-        roots = self.roots(cwd)
+        roots = self.roots(project)
         scope = mpaths.scope_of(path, roots)
-        team_root = roots.team or ((self._project_root(cwd) or cwd) / ".qwen" / "team-memory")
+        team_root = roots.team or (project.anchor / ".qwen" / "team-memory")
         team_roots = mpaths.MemoryRoots(project=roots.project, user=roots.user, team=team_root,
                                         state=roots.state)
         is_team = mpaths.scope_of(path, team_roots) == "team"
@@ -398,18 +400,19 @@ class MemoryService:
         return CheckVerdict(True, scope, list(verdict.rules), verdict.action,
                             redacted=list(verdict.redacted))
 
-    async def landed(self, cwd: Path, change: dict[str, Any]) -> None:
+    async def landed(self, project: Project, change: dict[str, Any]) -> None:
         """A write made outside the watchers' path (``memory.save``): re-scan now and tell
         subscribers, so the next recall already sees it."""
-        proj = await self.project(cwd)
+        proj = await self.load(project)
         await self._refresh(proj)
         self._bus.publish("memory/changed", {"project": str(proj.key), "docs": len(proj.docs),
                                              **change})
 
     # -- forget ---------------------------------------------------------------------------------------
-    async def forget_candidates(self, cwd: Path, query: str, *, limit: int = FORGET_LIMIT
+    async def forget_candidates(self, project: Project, query: str, *,
+                                limit: int = FORGET_LIMIT
                                 ) -> list[tuple[store.MemoryDoc, str]]:
-        proj = await self.project(cwd)
+        proj = await self.load(project)
         docs = [d for d in proj.docs if d.scope in ("user", "project")]
         ids = {f"{d.scope}:{d.relative_path}": d for d in docs}
         model = self._model()
@@ -428,8 +431,8 @@ class MemoryService:
                          else None)
         return forget_match.term_candidates(query, docs, limit=limit)
 
-    async def forget(self, cwd: Path, paths: Sequence[str]) -> list[str]:
-        proj = await self.project(cwd)
+    async def forget(self, project: Project, paths: Sequence[str]) -> list[str]:
+        proj = await self.load(project)
         known = {str(d.path): d for d in proj.docs if d.scope in ("user", "project")}
         targets = []
         for raw in paths[:MAX_FORGET_DELETIONS]:
@@ -454,8 +457,8 @@ class MemoryService:
         return [str(p) for p in removed]
 
     # -- status -----------------------------------------------------------------------------------------
-    async def status(self, cwd: Path) -> dict[str, Any]:
-        proj = await self.project(cwd)
+    async def status(self, project: Project) -> dict[str, Any]:
+        proj = await self.load(project)
         counts: dict[str, int] = {}
         for d in proj.docs:
             counts[d.scope] = counts.get(d.scope, 0) + 1
@@ -482,6 +485,41 @@ class MemoryService:
 
     def projects(self) -> list[tuple[Path, int]]:
         return [(k, len(p.docs)) for k, p in self._loads.items()]
+
+    def loaded(self) -> list[Project]:
+        """The projects whose memory is loaded (the idle dream checks walk these)."""
+        return [p.project for _, p in self._loads.items()]
+
+    async def undo(self, audit: UndoableLog, entry_id: str,
+                   wording: Callable[[Any], str]) -> wire.UndoResult:
+        """``memory.undo``: revert audit entry ``entry_id`` (InvalidParams naming ``id`` when it
+        is unknown or the file changed since), then rebuild the MEMORY.md index of the memory
+        root it was in; ``wording`` says for people what the undo did."""
+        try:
+            undone = await anyio.to_thread.run_sync(audit.find, entry_id)
+            entry = await anyio.to_thread.run_sync(audit.undo, entry_id)
+        except KeyError:
+            raise InvalidParams(f"no audit entry {entry_id}",
+                                data={"field": "id", "message": "unknown entry"}) from None
+        except ValueError as exc:
+            raise InvalidParams(str(exc), data={"field": "id", "message": str(exc)}) from None
+        root = Path(entry.path).parent.parent  # <memory root>/<type>/<file>.md
+        if (root / "MEMORY.md").exists():
+            scope = "user" if root.name == "memories" else "project"
+            await anyio.to_thread.run_sync(rebuild_index, root, scope)
+        return wire.UndoResult(
+            restored=entry.path, action=entry.action,
+            undone=wire.UndoneEntry(id=undone.id, agent=undone.agent, action=undone.action),
+            message=wording(undone))
+
+
+class UndoableLog(Protocol):
+    """The audit log as :meth:`MemoryService.undo` uses it (entries with ``id``, ``agent``,
+    ``action`` and ``path``)."""
+
+    def find(self, entry_id: str) -> Any: ...
+
+    def undo(self, entry_id: str) -> Any: ...
 
 
 def _fingerprint(dirs: Sequence[Path]) -> list[tuple[str, int, int]]:

@@ -142,7 +142,11 @@ def project_id_fits(cwd: Path) -> bool:
     directory named after its anchor (Qwen Code's project id, ``~/.qwen/projects/<id>``), so a
     root whose id passes NAME_MAX bytes has nowhere to keep sessions or memory."""
     norm = Path(os.path.normpath(os.path.abspath(cwd)))
-    anchor = find_project_root(norm) or norm
+    return anchor_id_fits(find_project_root(norm) or norm)
+
+
+def anchor_id_fits(anchor: Path) -> bool:
+    """Whether a project anchored at ``anchor`` has a usable id (see :func:`project_id_fits`)."""
     return len(os.fsencode(project_slug(anchor))) <= NAME_MAX
 
 

@@ -13,6 +13,8 @@ class SleepTaskParams(Params):
     seconds: float = msgspec.field(default=1.0)
     kind: str = "debug"
     key: str | None = None
+    #: end early (completed) once this path exists: a test decides when the job lands
+    until_exists: str | None = None
 
 
 class SleepTaskResult(msgspec.Struct, kw_only=True):

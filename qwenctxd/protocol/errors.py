@@ -10,7 +10,7 @@ from __future__ import annotations
 import errno
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 # JSON-RPC 2.0 standard codes.
 PARSE_ERROR = -32700
@@ -30,12 +30,19 @@ LOCK_HELD = -32006
 SYSTEM_PROMPT_FILE_ERROR = -32010
 
 
+#: What a client can do about an error: ``caller`` — the request itself is wrong (fix it, do
+#: not retry it as it is); ``retry_later`` — the daemon cannot serve it now (a drain, a held
+#: lock, no model) and the same request may succeed later; ``daemon`` — neither (an internal
+#: failure, a cancelled request). The client library groups its classes by it.
+ErrorKind = Literal["caller", "retry_later", "daemon"]
+
 
 class QwenctxdError(Exception):
     """Base of every error that reaches a client as a JSON-RPC error object."""
 
     code: int = INTERNAL_ERROR
     default_message: str = "Internal error"
+    kind: ClassVar[ErrorKind] = "daemon"
 
     def __init__(self, message: str | None = None, data: Any = None) -> None:
         self.message = message or self.default_message
@@ -55,6 +62,7 @@ class ParseError(QwenctxdError):
 
     code = PARSE_ERROR
     default_message = "Parse error"
+    kind = "caller"
 
 
 class InvalidRequest(QwenctxdError):
@@ -62,6 +70,7 @@ class InvalidRequest(QwenctxdError):
 
     code = INVALID_REQUEST
     default_message = "Invalid Request"
+    kind = "caller"
 
 
 class MethodNotFound(QwenctxdError):
@@ -69,6 +78,7 @@ class MethodNotFound(QwenctxdError):
 
     code = METHOD_NOT_FOUND
     default_message = "Method not found"
+    kind = "caller"
 
 
 class InvalidParams(QwenctxdError):
@@ -76,6 +86,7 @@ class InvalidParams(QwenctxdError):
 
     code = INVALID_PARAMS
     default_message = "Invalid params"
+    kind = "caller"
 
 
 class InternalError(QwenctxdError):
@@ -97,6 +108,7 @@ class SessionNotFound(QwenctxdError):
 
     code = SESSION_NOT_FOUND
     default_message = "Session not found"
+    kind = "caller"
 
 
 class ModelUnavailable(QwenctxdError):
@@ -104,6 +116,7 @@ class ModelUnavailable(QwenctxdError):
 
     code = MODEL_UNAVAILABLE
     default_message = "Model unavailable"
+    kind = "retry_later"
 
 
 class PathOutsideProject(QwenctxdError):
@@ -111,6 +124,7 @@ class PathOutsideProject(QwenctxdError):
 
     code = PATH_OUTSIDE_PROJECT
     default_message = "Path outside project"
+    kind = "caller"
 
 
 class SecretDetected(QwenctxdError):
@@ -118,6 +132,7 @@ class SecretDetected(QwenctxdError):
 
     code = SECRET_DETECTED
     default_message = "Secret detected"
+    kind = "caller"
 
 
 class Busy(QwenctxdError):
@@ -125,6 +140,7 @@ class Busy(QwenctxdError):
 
     code = BUSY
     default_message = "Daemon is draining or shutting down"
+    kind = "retry_later"
 
 
 class LockHeld(QwenctxdError):
@@ -132,6 +148,7 @@ class LockHeld(QwenctxdError):
 
     code = LOCK_HELD
     default_message = "Lock held by another process"
+    kind = "retry_later"
 
 
 Reason = Literal["missing", "empty", "unresolvable", "unreadable"]
@@ -143,6 +160,7 @@ class SystemPromptFileError(QwenctxdError):
 
     code = SYSTEM_PROMPT_FILE_ERROR
     default_message = "System prompt file error"
+    kind = "caller"
 
     def __init__(self, message: str, *, path: str, reason: Reason) -> None:
         self.path = path

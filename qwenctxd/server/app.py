@@ -28,6 +28,7 @@ import structlog
 from qwenctxd import PROTOCOL_VERSION, __version__
 from qwenctxd.config import ConfigStore
 from qwenctxd.config.schema import Settings
+from qwenctxd.events import Subscription
 from qwenctxd.paths import ensure_private_dir, pid_path, state_dir
 from qwenctxd.protocol import daemon as wire
 from qwenctxd.protocol import errors
@@ -35,8 +36,9 @@ from qwenctxd.secrets import COUNTERS as secret_counters
 from qwenctxd.server import logging as daemon_logging
 from qwenctxd.server import systemd, transport
 from qwenctxd.server.compose import build_services
-from qwenctxd.server.connection import Connection
+from qwenctxd.server.connection import Connection, ConnectionLimits
 from qwenctxd.server.dispatch import Dispatcher, error_frame
+from qwenctxd.server.handlers import served_specs
 from qwenctxd.server.lock import PidLock
 from qwenctxd.tasks import TaskRecord
 from qwenctxd.tasks.supervise import supervise
@@ -65,27 +67,17 @@ class Daemon:
         self.status_contributors: list[StatusContributor] = [self._projects_status]
         self.in_flight_requests = 0
         self.counters: dict[str, int] = {}
+        self.connection_limits = ConnectionLimits.of(self.settings)
         self.services = services = build_services(
             config, state=state_dir(), bump=self.bump, in_flight=lambda: self.in_flight_requests)
-        # the services, by name, for the handlers (server/methods) and the lifecycle below
+        # the lifecycle below drives these; handlers get theirs in server/handlers.py
         self.bus = services.bus
         self.tasks = services.tasks
         self.hub = services.hub
         self.model = services.model
-        self.projects = services.projects
-        self.instructions = services.instructions
-        self.memory = services.memory
-        self.skills = services.skills
-        self.sessions = services.sessions
-        self.search = services.search
-        self.turns = services.turns
-        self.audit = services.audit
-        self.extractor = services.extractor
-        self.reviewer = services.reviewer
-        self.background = services.background
-        self.speculation = services.speculation
         self.tasks.add_listener(self._on_task_event)
         self.status_contributors.append(self._sessions_status)
+        self.status_contributors.append(self._search_status)
         self.dispatcher = Dispatcher(is_stopping=lambda: self.state != "serving")
         self._requests_idle = anyio.Event()
         self.connections = 0
@@ -100,15 +92,8 @@ class Daemon:
         self._accept_scope: anyio.CancelScope | None = None
         self._listener: socket.socket | None = None
         config.add_listener(self._on_config_change)
-
-        from qwenctxd.server.methods import register_all
-
-        register_all(self)
-
-    # -- properties used by connections and methods ------------------------------------------
-    @property
-    def max_frame_bytes(self) -> int:
-        return self.settings.daemon.max_frame_bytes
+        self.dispatcher.register_all(
+            served_specs(services, control=self, dispatcher=self.dispatcher))
 
     @property
     def uptime_s(self) -> float:
@@ -154,9 +139,9 @@ class Daemon:
             tg.start_soon(self._signals)
             await tg.start(self.hub.run)
             await tg.start(functools.partial(self.config.run, self.hub, tasks=self.tasks))
-            await self.sessions.start()
-            await self.search.start()
-            tg.start_soon(self._supervised, "session-search", self.search.run)
+            await self.services.sessions.start()
+            await self.services.search.start()
+            tg.start_soon(self._supervised, "session-search", self.services.search.run)
             async with anyio.create_task_group() as conns:
                 await conns.start(self._accept, conns)
                 self.state = "serving"
@@ -168,8 +153,9 @@ class Daemon:
                     version=__version__,
                     activated=self.activated_fd is not None,
                 )
-                tg.start_soon(self._supervised, "idle-dream", self.background.idle_loop)
-                tg.start_soon(self._supervised, "idle-close", self.sessions.idle_close_loop)
+                tg.start_soon(self._supervised, "idle-dream", self.services.background.idle_loop)
+                tg.start_soon(self._supervised, "idle-close",
+                              self.services.sessions.idle_close_loop)
                 if self.model.configured:  # the ~1 s openai import, off the first request
                     tg.start_soon(self._warm_model)
                 # start-up garbage is permanent: keep the collector from rescanning it
@@ -183,10 +169,10 @@ class Daemon:
                 await self._finish_shutdown()
                 conns.cancel_scope.cancel()
             with anyio.CancelScope(shield=True):
-                await self.sessions.aclose()
-                await self.search.aclose()
-                await self.memory.aclose()
-                self.speculation.close()
+                await self.services.sessions.aclose()
+                await self.services.search.aclose()
+                await self.services.memory.aclose()
+                self.services.speculation.close()
             tg.cancel_scope.cancel()
         log.info("stopped", pid=os.getpid())
         return 0
@@ -209,6 +195,7 @@ class Daemon:
                 task_status=task_status,
             )
 
+    # -- the ConnectionHost of every connection ------------------------------------------------
     def request_started(self) -> None:
         self.in_flight_requests += 1
 
@@ -225,7 +212,7 @@ class Daemon:
 
     async def _handle(self, conn: transport.SocketConnection, peer_uid: int) -> None:
         self.connections += 1
-        connection = Connection(self, conn)
+        connection = Connection(self, self.dispatcher, conn)
         self._fresh[connection.id] = connection
         self._open[connection.id] = connection
         try:
@@ -238,6 +225,15 @@ class Daemon:
     def connection_active(self, connection: Connection) -> None:
         """``connection`` sent its first frame: it is a client, no longer evictable."""
         self._fresh.pop(connection.id, None)
+
+    def subscribe(self, topics: list[str] | None) -> Subscription:
+        return self.bus.subscribe(topics)
+
+    def unsubscribe(self, subscription: Subscription) -> None:
+        self.bus.unsubscribe(subscription)
+
+    def count_error(self) -> None:
+        self.dispatcher.count_error()
 
     def _evict_idle(self) -> bool:
         """At the connection cap: close the oldest connection that never sent a frame, else the
@@ -366,30 +362,35 @@ class Daemon:
 
     def _on_config_change(self, settings: Settings) -> None:
         self.settings = settings
+        self.connection_limits = ConnectionLimits.of(settings)
         self.model.update(settings.endpoint())
         self.bus.publish("config/changed", {"generation": self.config.generation})
         log.info("config reloaded", generation=self.config.generation)
 
+    def _search_status(self, st: wire.StatusResult) -> None:
+        st.search = self.services.search.status()
+
     def _sessions_status(self, st: wire.StatusResult) -> None:
-        st.sessions.extend(wire.SessionSummary(**row) for row in self.sessions.summaries())
+        st.sessions.extend(wire.SessionSummary(**row)
+                           for row in self.services.sessions.summaries())
 
     def _projects_status(self, st: wire.StatusResult) -> None:
         known = {p.root: p for p in st.projects}
-        for root, watched in self.instructions.projects():
+        for root, watched in self.services.instructions.projects():
             entry = known.get(str(root))
             if entry is None:
                 entry = wire.ProjectSummary(root=str(root))
                 st.projects.append(entry)
                 known[entry.root] = entry
             entry.watchers += watched
-        for root, docs in self.memory.projects():
+        for root, docs in self.services.memory.projects():
             entry = known.get(str(root))
             if entry is None:
                 entry = wire.ProjectSummary(root=str(root))
                 st.projects.append(entry)
                 known[entry.root] = entry
             entry.memory_docs = docs
-        for root, count, watched in self.skills.projects():
+        for root, count, watched in self.services.skills.projects():
             if root is None:
                 continue
             entry = known.get(str(root))

@@ -6,15 +6,16 @@ patched in afterwards and nothing is looked up in module globals. Order, bottom 
 
     bus, tasks, watch hub, model client, project registry (cwd → one Project per repository)
     instructions  (its memory section comes from the memory service, bound below)
-    memory        (project roots from the registry)
+    memory        (every call brings its resolved Project; no registry of its own)
     skills, audit log, extractor, skill reviewer, speculation
     background    (extraction, dream and skill review after turns; the idle dream loop)
     session search (the FTS index of every session file; fed by the sessions' record hook)
     sessions      (hooks: after a user turn → background + speculation; after a completed
                    turn → background), then the turn pipeline over them
 
-The server (:class:`qwenctxd.server.app.Daemon`) owns the lifecycle and the socket; handlers
-reach the services through it.
+The server (:class:`qwenctxd.server.app.Daemon`) owns the lifecycle and the socket; the
+handler families (:mod:`qwenctxd.server.methods`) are constructed over these services, each
+with exactly the ones it uses, never through the daemon.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from qwenctxd.memory.service import MemoryService
 from qwenctxd.model import ModelClient
 from qwenctxd.model.scheduler import EndpointScheduler
 from qwenctxd.paths import runtime_base_dir
-from qwenctxd.project import ProjectRegistry
+from qwenctxd.project import Project, ProjectRegistry
 from qwenctxd.server.background import Background
 from qwenctxd.sessions.manager import SessionManager
 from qwenctxd.sessions.search import SessionSearch
@@ -83,25 +84,23 @@ def build_services(config: ConfigStore, *, state: Path, bump: Callable[[str], No
 
     memory: MemoryService | None = None
 
-    def memory_section(root: Path | None, cwd: Path) -> str:
-        return memory.prompt_section(root, cwd) if memory is not None else ""
+    def memory_section(project: Project) -> str:
+        return memory.prompt_section(project) if memory is not None else ""
 
-    def memory_stamp(root: Path | None, cwd: Path) -> object:
-        return memory.prompt_stamp(root, cwd) if memory is not None else None
+    def memory_stamp(project: Project) -> object:
+        return memory.prompt_stamp(project) if memory is not None else None
 
     instructions = InstructionsService(
-        config, hub, tasks, on_rebuild=lambda: bump("instructions_rebuilds"),
-        memory_section=memory_section, memory_stamp=memory_stamp, projects=projects)
-    memory = MemoryService(config, hub, tasks, bus, model=the_model, projects=projects)
-    skills = SkillsService(config, hub, tasks, bus, on_refresh=lambda: bump("skills_refreshes"),
-                           projects=projects)
+        hub, tasks, projects=projects, on_rebuild=lambda: bump("instructions_rebuilds"),
+        memory_section=memory_section, memory_stamp=memory_stamp)
+    memory = MemoryService(hub, tasks, bus, model=the_model)
+    skills = SkillsService(hub, tasks, bus, on_refresh=lambda: bump("skills_refreshes"))
     audit = AuditLog(state)
     extractor = Extractor(memory, audit, tasks, the_model)
     reviewer = SkillReviewer(audit=audit, home=projects.home, qwen_dir=projects.qwen_home)
     speculation = SpeculationManager()
-    background = Background(config=config, tasks=tasks, model=model, memory=memory,
-                            instructions=instructions, audit=audit, extractor=extractor,
-                            reviewer=reviewer, in_flight=in_flight)
+    background = Background(tasks=tasks, model=model, memory=memory, audit=audit,
+                            extractor=extractor, reviewer=reviewer, in_flight=in_flight)
     # QWENCTXD_BENCH_NO_SEARCH_HOOK=1: the bench's baseline — no record hook, no watch (only
     # the start-up scan indexes), so session.turn runs as if there were no search index
     no_search = os.environ.get("QWENCTXD_BENCH_NO_SEARCH_HOOK") == "1"
@@ -112,7 +111,7 @@ def build_services(config: ConfigStore, *, state: Path, bump: Callable[[str], No
         config=config, instructions=instructions, model=the_model, tasks=tasks, bus=bus,
         index_path=state / "sessions.sqlite", skills=skills, memory=memory,
         turn_complete_hooks=[background.on_turn_complete],
-        user_turn_hooks=[lambda s: background.on_user_turn(s.cwd),
+        user_turn_hooks=[lambda s: background.on_user_turn(s.project),
                          lambda s: speculation.abort_session(s.id)],
         record_hooks=[] if no_search else [search.recorded],
     )

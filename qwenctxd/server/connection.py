@@ -11,15 +11,19 @@ closed; later, one with nothing in flight and no subscription is closed after
 ``limits.idle_connection_s``. A message over ``limits.max_message_bytes`` is discarded as it
 arrives and answered -32602 (``data.field: "message"``); the connection goes on. Any failure of
 a connection ends that connection only.
+
+A connection knows the daemon only through :class:`ConnectionHost` (limits, request and
+connection accounting, the event bus) and answers through the :class:`Dispatcher` it is given.
+Its requests run in an anyio task group the connection owns, each under its own CancelScope.
 """
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import os
 import time
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 import msgspec
@@ -29,10 +33,11 @@ from qwenctxd.events import Subscription
 from qwenctxd.protocol import errors, framing
 from qwenctxd.protocol.framing import FrameDecoder, Framing
 from qwenctxd.server.dispatch import error_frame
-from qwenctxd.server.transport import SocketConnection
 
 if TYPE_CHECKING:
-    from qwenctxd.server.app import Daemon
+    from qwenctxd.config.schema import Settings
+    from qwenctxd.server.dispatch import Dispatcher
+    from qwenctxd.server.transport import SocketConnection
 
 log = structlog.get_logger("qwenctxd.conn")
 _conn_ids = itertools.count(1)
@@ -45,21 +50,64 @@ class _Closed(Exception):
     """The peer went away or the connection must end."""
 
 
+@dataclass(frozen=True)
+class ConnectionLimits:
+    """The settings a connection reads (``daemon.*`` and ``limits.*``), current as of the last
+    config reload."""
+
+    max_frame_bytes: int
+    max_message_bytes: int
+    first_frame_timeout_s: float
+    idle_connection_s: float
+
+    @classmethod
+    def of(cls, settings: Settings) -> ConnectionLimits:
+        return cls(max_frame_bytes=settings.daemon.max_frame_bytes,
+                   max_message_bytes=settings.limits.max_message_bytes,
+                   first_frame_timeout_s=settings.daemon.first_frame_timeout_s,
+                   idle_connection_s=settings.limits.idle_connection_s)
+
+
+class ConnectionHost(Protocol):
+    """What a connection needs of the daemon that accepted it."""
+
+    @property
+    def connection_limits(self) -> ConnectionLimits: ...
+
+    def request_started(self) -> None: ...
+
+    def request_finished(self) -> None: ...
+
+    def connection_active(self, connection: Connection) -> None:
+        """``connection`` sent its first frame (it is no longer evictable as new)."""
+
+    def subscribe(self, topics: list[str] | None) -> Subscription: ...
+
+    def unsubscribe(self, subscription: Subscription) -> None: ...
+
+    def count_error(self) -> None:
+        """One more error reply, answered by the connection itself (an undecodable frame)."""
+
+
 class Connection:
     """Request context handed to every method handler (``ctx`` in the handlers)."""
 
-    def __init__(self, daemon: Daemon, conn: SocketConnection) -> None:
-        self.daemon = daemon
+    def __init__(self, host: ConnectionHost, dispatcher: Dispatcher,
+                 conn: SocketConnection) -> None:
+        self.host = host
+        self.dispatcher = dispatcher
         self.id = next(_conn_ids)
         self.subscription: Subscription | None = None
         self.got_first_frame = False
         self.last_active = time.monotonic()
         self._io = conn
-        self._decoder = FrameDecoder(max_frame=daemon.max_frame_bytes,
-                                     max_message=daemon.settings.limits.max_message_bytes)
-        self._tg: anyio.abc.TaskGroup | None = None
-        self._running: dict[asyncio.Task[None], anyio.CancelScope] = {}
-        self._slot_freed: asyncio.Future[None] | None = None
+        limits = host.connection_limits
+        self._decoder = FrameDecoder(max_frame=limits.max_frame_bytes,
+                                     max_message=limits.max_message_bytes)
+        self._tg: anyio.abc.TaskGroup | None = None  # subscription forwarders
+        self._requests: anyio.abc.TaskGroup | None = None  # one task per request
+        self._running: set[anyio.CancelScope] = set()  # requests admitted and not finished
+        self._slot_freed: anyio.Event | None = None
         self._in_flight: dict[Any, anyio.CancelScope] = {}
         self._session_tail: dict[str, anyio.Event] = {}
 
@@ -85,22 +133,30 @@ class Connection:
         try:
             async with anyio.create_task_group() as tg:
                 self._tg = tg
-                try:
-                    await self._loop()
-                except _Closed:
-                    pass
-                finally:
-                    for scope in self._running.values():  # the client is gone
-                        scope.cancel()  # (through anyio: shields inside handlers hold)
-                    if self._running:
-                        await asyncio.wait(list(self._running))
+                # leaving this group waits for every request: after the peer closed its side
+                # they finish and answer; when the connection must end they are cancelled
+                async with anyio.create_task_group() as requests:
+                    self._requests = requests
+                    try:
+                        await self._loop()
+                    except _Closed:
+                        self._cancel_requests()
+                    except BaseException:
+                        self._cancel_requests()
+                        raise
                 tg.cancel_scope.cancel()
         finally:
             if self.subscription is not None:
-                self.daemon.bus.unsubscribe(self.subscription)
+                self.host.unsubscribe(self.subscription)
+
+    def _cancel_requests(self) -> None:
+        """The client is gone: cancel every running request (through its anyio scope, so
+        shields inside handlers hold)."""
+        for scope in self._running:
+            scope.cancel()
 
     async def _loop(self) -> None:
-        deadline = self.daemon.settings.daemon.first_frame_timeout_s
+        deadline = self.host.connection_limits.first_frame_timeout_s
         frame: bytes | None = None
         with anyio.move_on_after(deadline) as first:
             frame = await self._next_frame()
@@ -110,13 +166,11 @@ class Connection:
         if frame is None:
             return
         self.got_first_frame = True
-        self.daemon.connection_active(self)
+        self.host.connection_active(self)
         while frame is not None:
             await self._admit(frame)
             frame = await self._next_frame()
-        # the peer closed its side: let the requests it sent finish and answer
-        while self._running:
-            await asyncio.wait(list(self._running))
+        # the peer closed its side: the requests it sent finish and answer (serve waits)
 
     async def _next_frame(self) -> bytes | None:
         """The next frame; None at end of stream. Framing errors get one reply, then close."""
@@ -127,7 +181,7 @@ class Connection:
             except framing.FrameSkipped as exc:
                 log.warning("message over limits.max_message_bytes; discarded", conn_id=self.id,
                             limit=exc.limit, size=exc.size)
-                self.daemon.dispatcher.errors += 1
+                self.host.count_error()
                 await self._send_raw(error_frame(errors.InvalidParams(
                     f"message: over limits.max_message_bytes ({exc.limit} bytes)",
                     data={"field": "message", "limit": exc.limit, "size": exc.size})))
@@ -155,7 +209,7 @@ class Connection:
             # replies the client has not read past the transport's high-water mark: stop
             # reading this connection until they drain
             await self._io.wait_writable()
-            idle = self.daemon.settings.limits.idle_connection_s
+            idle = self.host.connection_limits.idle_connection_s
             try:
                 if self.got_first_frame and self.idle:
                     with anyio.move_on_after(idle) as waited:
@@ -177,37 +231,37 @@ class Connection:
         try:
             obj = framing.decode_json(frame)
         except framing.NestingTooDeep as exc:
-            self.daemon.dispatcher.errors += 1
+            self.host.count_error()
             await self._send_raw(error_frame(errors.ParseError(
                 "Parse error: nesting too deep",
                 data={"message": str(exc), "limit": framing.MAX_NESTING})))
             return
         except (msgspec.DecodeError, RecursionError) as exc:
-            self.daemon.dispatcher.errors += 1
+            self.host.count_error()
             await self._send_raw(error_frame(errors.ParseError(data={"message": str(exc)})))
             return
-        if isinstance(obj, dict) and obj.get("method") in self.daemon.dispatcher.inline:
+        if isinstance(obj, dict) and obj.get("method") in self.dispatcher.inline:
             # never waits (ping, status, cancel, …): answered in the read loop, no task
-            self.daemon.request_started()
+            self.host.request_started()
             try:
-                reply = await self.daemon.dispatcher.dispatch_obj(obj, self)
+                reply = await self.dispatcher.dispatch_obj(obj, self)
             finally:
-                self.daemon.request_finished()
+                self.host.request_finished()
             if reply is not None:
                 await self._send_raw(reply)
             return
         while len(self._running) >= MAX_IN_FLIGHT:  # backpressure: stop reading
-            self._slot_freed = asyncio.get_running_loop().create_future()
-            await self._slot_freed
+            self._slot_freed = anyio.Event()
+            await self._slot_freed.wait()
         rid = obj.get("id") if isinstance(obj, dict) else None
         if isinstance(rid, bool) or not isinstance(rid, (int, str)):
             rid = None
         # arrival order per session: wait for the previous frame on each named session
-        before: list[asyncio.Event] = []
-        mine: asyncio.Event | None = None
+        before: list[anyio.Event] = []
+        mine: anyio.Event | None = None
         sessions = _sessions_named(obj)
         if sessions:
-            mine = asyncio.Event()
+            mine = anyio.Event()
             for sid in sessions:
                 prev = self._session_tail.get(sid)
                 if prev is not None:
@@ -216,32 +270,38 @@ class Connection:
         scope = anyio.CancelScope()
         if rid is not None:
             self._in_flight[rid] = scope
-        self.daemon.request_started()
-        task = asyncio.get_running_loop().create_task(self._run(obj, rid, scope, before, mine))
-        self._running[task] = scope
-        task.add_done_callback(self._task_done)
-
-    def _task_done(self, task: asyncio.Task[None]) -> None:
-        self._running.pop(task, None)
-        waiter = self._slot_freed
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+        self.host.request_started()
+        self._running.add(scope)
+        assert self._requests is not None
+        self._requests.start_soon(self._run, obj, rid, scope, before, mine)
 
     async def _run(self, obj: Any, rid: Any, scope: anyio.CancelScope,
-                   before: list[asyncio.Event], mine: asyncio.Event | None) -> None:
+                   before: list[anyio.Event], mine: anyio.Event | None) -> None:
+        try:
+            await self._answer(obj, rid, scope, before, mine)
+        except Exception:  # a bug answering one request must not end the connection
+            log.exception("request task failed", conn_id=self.id, id=rid)
+        finally:
+            self._running.discard(scope)
+            waiter = self._slot_freed
+            if waiter is not None:
+                waiter.set()
+
+    async def _answer(self, obj: Any, rid: Any, scope: anyio.CancelScope,
+                      before: list[anyio.Event], mine: anyio.Event | None) -> None:
         reply: bytes | None = None
         try:
             with scope:
                 for ev in before:
                     await ev.wait()
-                reply = await self.daemon.dispatcher.dispatch_obj(obj, self)
+                reply = await self.dispatcher.dispatch_obj(obj, self)
             if scope.cancelled_caught and rid is not None:
                 log.info("request cancelled", conn_id=self.id, id=rid)
                 reply = error_frame(errors.RequestCancelled(data={"id": rid}), rid)
         finally:
             if rid is not None and self._in_flight.get(rid) is scope:
                 del self._in_flight[rid]
-            self.daemon.request_finished()
+            self.host.request_finished()
         try:
             if reply is not None:
                 try:
@@ -276,8 +336,8 @@ class Connection:
     def subscribe(self, topics: list[str] | None) -> None:
         """Start forwarding bus events on ``topics`` (all when None) to this connection."""
         if self.subscription is not None:
-            self.daemon.bus.unsubscribe(self.subscription)
-        self.subscription = self.daemon.bus.subscribe(topics)
+            self.host.unsubscribe(self.subscription)
+        self.subscription = self.host.subscribe(topics)
         assert self._tg is not None
         self._tg.start_soon(self._forward, self.subscription)
 

@@ -21,6 +21,7 @@ from qwenctxd.compaction import micro, post_compact
 from qwenctxd.compaction.estimate import history_tokens
 from qwenctxd.compaction.thresholds import compute_thresholds as _compute_thresholds
 from qwenctxd.compaction.thresholds import level
+from qwenctxd.config.schema import Settings
 from qwenctxd.protocol import session as wire
 from qwenctxd.protocol import turn_events as ev
 from qwenctxd.sessions.manager import SessionManager
@@ -54,8 +55,9 @@ class Compactor:
     def __init__(self, manager: SessionManager) -> None:
         self.m = manager
 
-    def settings(self, s: Session):  # type: ignore[no-untyped-def]
-        return self.m.instructions.settings_for(s.cwd)
+    @staticmethod
+    def settings(s: Session) -> Settings:
+        return s.project.settings
 
     async def maybe_micro(self, s: Session, events: Events, sys_tok: int) -> None:
         idle = self.settings(s).context.clear_context_on_idle
@@ -158,7 +160,7 @@ class Compactor:
 
         result = await post_compact.compress(
             self.m.model, s.history.messages, trigger=trigger, focus=focus,
-            workspace_root=s.project_root or s.cwd, tokens_before=history_before,
+            workspace_root=s.project.anchor, tokens_before=history_before,
             estimate_history=lambda h: history_tokens(h, image_tokens=s.history.image_tokens),
             pre_hook=pre_hook if hook_cfg.get("PreCompact") else None,
             post_hook=post_hook if hook_cfg.get("PostCompact") else None,

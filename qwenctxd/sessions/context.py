@@ -48,6 +48,7 @@ import msgspec
 
 from qwenctxd.compaction.estimate import content_tokens
 from qwenctxd.compaction.thresholds import Thresholds, compute_thresholds, level
+from qwenctxd.protocol import session as wire
 from qwenctxd.sessions.state import Session
 from qwenctxd.skills import listing
 from qwenctxd.tokens import estimate_tokens
@@ -219,3 +220,28 @@ def context_report(s: Session, system: SystemPromptLike, tools: Sequence[dict[st
         parts=[ContextPart(name=n, tokens=parts[n], pct=pct_of(parts[n], window)) for n in PARTS],
         free_tokens=free, free_pct=pct_of(free, window), window_source=s.options.window_source,
     )
+
+
+class SessionsForContext(Protocol):
+    """What :func:`session_context` needs of the session manager."""
+
+    def get(self, session_id: str) -> Session: ...
+
+    async def system_prompt(self, s: Session) -> SystemPromptLike: ...
+
+
+async def session_context(sessions: SessionsForContext, session_id: str) -> wire.ContextResult:
+    """The ``session.context`` answer: the report of session ``session_id`` (under its lock,
+    with the system prompt its next turn would use), as the wire result."""
+    s = sessions.get(session_id)
+    async with s.lock:
+        sp = await sessions.system_prompt(s)
+        r = context_report(s, sp, s.options.tools)
+    return wire.ContextResult(
+        session_id=r.session_id, window_tokens=r.window_tokens,
+        prompt_tokens=r.prompt_tokens, anchored=r.anchored,
+        thresholds=wire.Thresholds(warn=r.thresholds.warn, auto=r.thresholds.auto,
+                                   hard=r.thresholds.hard),
+        level=r.level,  # type: ignore[arg-type]
+        parts=[wire.ContextPart(name=x.name, tokens=x.tokens, pct=x.pct) for x in r.parts],
+        free_tokens=r.free_tokens, free_pct=r.free_pct, window_source=r.window_source)

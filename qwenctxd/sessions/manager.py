@@ -29,6 +29,7 @@ from qwenctxd.instructions.service import InstructionsService
 from qwenctxd.memory.service import MemoryService
 from qwenctxd.model import ModelClient
 from qwenctxd.paths import runtime_base_dir
+from qwenctxd.project import Project
 from qwenctxd.protocol import errors
 from qwenctxd.protocol import session as wire
 from qwenctxd.sessions import jsonl_writer, records, titles
@@ -110,7 +111,9 @@ class SessionManager:
         return s
 
     # -- open / resume ------------------------------------------------------------------------
-    async def open(self, cwd: Path, p: wire.OpenParams) -> wire.OpenResult:
+    async def open(self, project: Project, cwd: Path, p: wire.OpenParams) -> wire.OpenResult:
+        """Open (or resume, or join) a session in ``cwd``; ``project`` is ``cwd``'s, resolved
+        at the wire edge, and stays on the session."""
         if p.session_id and p.session_id in self.sessions:
             s = self.sessions[p.session_id]  # another client continues the same session
             self._opened_at[s.id] = time.time()
@@ -122,8 +125,7 @@ class SessionManager:
                                    window_source=s.options.window_source, path=str(s.path))
         if p.session_id is not None:
             checked_id(p.session_id)
-        settings = self.instructions.settings_for(cwd)
-        root = self.instructions.project_root(cwd)
+        settings = project.settings
         session_id = p.session_id or str(uuid.uuid4())
         path = records.session_path(cwd, session_id)
         resumed = False
@@ -155,7 +157,7 @@ class SessionManager:
             tool_roles=tool_roles.classify(tools), agent=agent, keep_reasoning=keep,
             own_skill=not any(tool_roles.tool_name(t) == SKILL_NAME for t in client_tools))
         s = Session(
-            id=session_id, cwd=cwd, project_root=root, model=p.model, options=opts, env=env,
+            id=session_id, cwd=cwd, project=project, model=p.model, options=opts, env=env,
             path=path, model_base_url=p.model_base_url,
             # fsync happens in a background job (at most once a second), never on the turn path;
             # close() still fsyncs
@@ -185,12 +187,12 @@ class SessionManager:
             torn = [t.line_no for t in state.torn]
             for t in state.torn:
                 warnings.append(f"skipped unreadable line {t.line_no} of {path.name}: {t.reason}")
-        from qwenctxd.paths import qwen_home
         from qwenctxd.sessions import shared_file
 
-        for holder in await anyio.to_thread.run_sync(shared_file.holders, qwen_home(), session_id):
+        for holder in await anyio.to_thread.run_sync(shared_file.holders, project.qwen_home,
+                                                     session_id):
             warnings.append(shared_file.held_warning(holder))
-        s.git_snapshot = await self.instructions.git_snapshot(cwd)
+        s.git_snapshot = await self.instructions.git_snapshot(project)
         self.sessions[session_id] = s
         self._opened_at[session_id] = time.time()
         sp = await self.system_prompt(s)
@@ -214,7 +216,7 @@ class SessionManager:
         """The system prompt of ``s``: its model, env, declared tools, agent identity and the
         git snapshot taken when it opened."""
         return await self.instructions.system_prompt(
-            s.cwd, model=s.model, env=s.env, tool_roles=s.options.tool_roles,
+            s.project, s.cwd, model=s.model, env=s.env, tool_roles=s.options.tool_roles,
             agent=(s.options.agent or {}).get("name"), git_snapshot=s.git_snapshot)
 
     async def _find_file(self, session_id: str, cwd: Path) -> Path | None:
@@ -227,7 +229,7 @@ class SessionManager:
             session_id=s.id, path=str(s.path), cwd=str(s.cwd), started_at=iso(s.started_at),
             updated_at=iso(s.updated_at), messages=len(s.history.messages), title=s.title,
             size=_size(s.path), mtime_ns=_mtime(s.path))
-        await self.index.upsert(summary, project=str(s.cwd))
+        await self.index.upsert(summary, project=str(s.project.anchor))
 
     def schedule_index_touch(self, s: Session) -> None:
         if not self.tasks.accepting:
@@ -237,7 +239,7 @@ class SessionManager:
             await self.index.touch(s.id, updated_at=iso(s.updated_at), messages=len(s.history.messages),
                                    size=_size(s.path), mtime_ns=_mtime(s.path), title=s.title)
 
-        self.tasks.submit("index", touch, key=f"index:{s.id}", project=str(s.cwd))
+        self.tasks.submit("index", touch, key=f"index:{s.id}", project=str(s.project.anchor))
 
     # -- list / recap / summary / delete / close ----------------------------------------------
     async def list(self, cwd: Path | None) -> wire.ListResult:
@@ -261,7 +263,7 @@ class SessionManager:
     async def project_summary(self, session_id: str) -> wire.ProjectSummaryResult:
         s = self.get(session_id)
         text = await recap_mod.project_summary(self.model, list(s.history.messages))
-        target = (s.project_root or s.cwd) / ".qwen" / PROJECT_SUMMARY_NAME
+        target = s.project.anchor / ".qwen" / PROJECT_SUMMARY_NAME
         from qwenctxd.fsutil import atomic_write
 
         await anyio.to_thread.run_sync(atomic_write, target, text.rstrip() + "\n")
@@ -444,7 +446,7 @@ class SessionManager:
             s.last_flush = now
             writer = s.writer
             self.tasks.submit("jsonl-flush", lambda: anyio.to_thread.run_sync(_fsync, writer),
-                              key=f"jsonl-flush:{s.id}", project=str(s.cwd))
+                              key=f"jsonl-flush:{s.id}", project=str(s.project.anchor))
 
 
 def checked_id(session_id: str) -> str:

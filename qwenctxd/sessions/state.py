@@ -11,7 +11,7 @@
 * :class:`TurnState` — the agent loop's turn bookkeeping: whether a user turn is open, whether
   the main agent wrote memory in it, the tool results seen, the calls the daemon answered.
 
-What stays on :class:`Session` itself: identity (id, cwd, project root, model, env, title),
+What stays on :class:`Session` itself: identity (id, cwd, its resolved project, model, env, title),
 the transcript (path, writer and its fsync pacing ``last_flush``), the lock, and the activity
 clock (``started_at``, ``updated_at``, ``last_model_reply_at``; see :class:`TurnState` for why
 the last reply's time is not turn state).
@@ -28,7 +28,7 @@ import secrets
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
@@ -37,6 +37,9 @@ from qwenctxd.compaction.micro import tool_result_chars
 from qwenctxd.compaction.thresholds import Breaker
 from qwenctxd.sessions.jsonl_writer import JsonlWriter
 from qwenctxd.tokens import estimate_tokens
+
+if TYPE_CHECKING:
+    from qwenctxd.project import Project
 
 Message = dict[str, Any]
 REASONING_KEYS = ("reasoning_content", "reasoning", "thinking", "reasoning_details")
@@ -315,7 +318,8 @@ class TurnState:
 class Session:
     id: str
     cwd: Path
-    project_root: Path | None
+    #: resolved once, when the session opened; services read root, anchor and settings here
+    project: Project
     model: str
     options: SessionOptions
     env: dict[str, str]

@@ -21,6 +21,7 @@ import structlog
 
 from qwenctxd.compaction.summary import join_content
 from qwenctxd.compaction.thresholds import context_left_pct, level
+from qwenctxd.config.schema import Settings
 from qwenctxd.instructions.rules import relative_to_root, rule_reminder
 from qwenctxd.memory.outbound import render_outbound as render_memories
 from qwenctxd.model.scheduler import endpoint_key, is_loopback
@@ -180,7 +181,7 @@ class TurnPipeline:
     async def _rule_reminders(self, s: Session, touched: list[str]) -> list[wire.Reminder]:
         if not touched:
             return []
-        inst = await self.m.instructions.instruction_set(s.cwd)
+        inst = await self.m.instructions.instruction_set(s.project, s.cwd)
         root = inst.project_root or s.cwd
         out = []
         for rule in inst.rules.conditional:
@@ -208,19 +209,19 @@ class TurnPipeline:
                 d.carried = [doc for doc in old.result.docs if str(doc.path) not in d.surfaced]
             tasks.cancel(old)  # a newer user turn supersedes the old recall
             d.prefetch = None
-        if memory is None or not tasks.accepting or not memory.enabled(s.project_root):
+        if memory is None or not tasks.accepting or not memory.enabled(s.project):
             return
         exclude = sorted(d.surfaced)
         early: dict[str, Any] = {}
         use_selector = self._selector_on(s)
 
         async def recall() -> Any:
-            return await memory.recall(s.cwd, query, active_tools=active_tools, exclude=exclude,
+            return await memory.recall(s.project, query, active_tools=active_tools, exclude=exclude,
                                        use_selector=use_selector,
                                        on_lexical=lambda o: early.__setitem__("outcome", o))
 
         d.prefetch_early = early
-        d.prefetch = tasks.submit("recall", recall, project=str(s.project_root or s.cwd),
+        d.prefetch = tasks.submit("recall", recall, project=str(s.project.anchor),
                                   description=f"memory recall for session {s.id[:8]}")
         d.prefetch_delivered = False
 
@@ -274,8 +275,8 @@ class TurnPipeline:
         skills = self.m.skills
         if skills is None:
             return []
-        ss, generation = await skills.skillset(s.project_root, s.cwd)
-        root = s.project_root or s.cwd
+        ss, generation = await skills.skillset(s.project, s.cwd)
+        root = s.project.anchor
         fresh = []
         for raw in touched:
             rel = relative_to_root(raw if raw.startswith("/") else s.cwd / raw, root)
@@ -321,8 +322,9 @@ class TurnPipeline:
             new_msgs.append({"role": "user", "content": parts})  # after tool results
 
     # -- compaction --------------------------------------------------------------------------------
-    def _settings(self, s: Session):  # type: ignore[no-untyped-def]
-        return self.m.instructions.settings_for(s.cwd)
+    @staticmethod
+    def _settings(s: Session) -> Settings:
+        return s.project.settings
 
     async def compress_now(self, p: wire.CompressParams) -> wire.CompressResult:
         """``session.compress`` (see :meth:`Compactor.compress_now`)."""
@@ -407,7 +409,7 @@ class TurnPipeline:
             if calls and self.m.memory is not None:
                 from qwenctxd.agents.extraction import wrote_memory
 
-                roots = self.m.memory.roots(s.cwd)
+                roots = self.m.memory.roots(s.project)
                 if wrote_memory(msg, [r for r in (roots.project, roots.user) if r]):
                     s.turn.wrote_memory()
             s.append(msg)
@@ -465,7 +467,7 @@ class TurnPipeline:
         skills = self.m.skills
         if skills is None:
             return "Error: skills are not available in this session.", True
-        ss, _gen = await skills.skillset(s.project_root, s.cwd)
+        ss, _gen = await skills.skillset(s.project, s.cwd)
         skill = ss.skills.get(name.strip())
         if skill is None:
             known = ", ".join(sorted(ss.skills)) or "none"

@@ -8,13 +8,16 @@ refresh. Relevant events (an entry appearing or vanishing in a base dir, a SKILL
 in a skill dir; never ``.git`` or artifacts) start a debounced (150 ms) refresh that reloads
 all levels concurrently, bumps the refresh counter, re-syncs the watched set and publishes
 ``skills/changed``. Refreshes coalesce: one runs and one waits per project.
+
+Callers bring the resolved :class:`~qwenctxd.project.Project` (its root keys the cache; its
+settings, home and ``~/.qwen`` decide the levels); nothing here looks a project up.
 """
 
 from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,10 +25,8 @@ from typing import Any
 import anyio
 import structlog
 
-from qwenctxd.config import ConfigStore
-from qwenctxd.config.schema import Settings
 from qwenctxd.events import EventBus
-from qwenctxd.project import ProjectRegistry
+from qwenctxd.project import Project
 from qwenctxd.skills import levels
 from qwenctxd.skills.model import SkillSet
 from qwenctxd.tasks import TaskRegistry
@@ -40,6 +41,7 @@ IGNORED_NAMES = {".git", ".DS_Store"}
 class _Entry:
     skillset: SkillSet
     generation: int
+    project: Project
     cwd: Path
     dirs: set[Path] = field(default_factory=set)
     bases: set[Path] = field(default_factory=set)
@@ -48,55 +50,42 @@ class _Entry:
 class SkillsService:
     def __init__(
         self,
-        config: ConfigStore,
         hub: WatchHub,
         tasks: TaskRegistry,
         bus: EventBus,
         *,
-        environ: Mapping[str, str] | None = None,
         on_refresh: Callable[[], None] | None = None,
-        projects: ProjectRegistry | None = None,
     ) -> None:
-        self._config = config
-        self._projects = projects if projects is not None else ProjectRegistry(
-            config, environ=environ)
         self._hub = hub
         self._tasks = tasks
         self._bus = bus
         self._on_refresh = on_refresh or (lambda: None)
         # shared loads: a cancelled skills.list / turn stops waiting, the load goes on
         self._entries: WatchedCache[Path | None, _Entry] = WatchedCache(
-            hub, tasks, "skills", on_stale=lambda root, entry: self._schedule_refresh(
-                root, entry.cwd))
+            hub, tasks, "skills", on_stale=lambda _root, entry: self._schedule_refresh(
+                entry.project, entry.cwd))
         self.refreshes = 0
         self.generation = 0
 
-    def _home(self) -> Path:
-        return self._projects.home
-
-    def _qwen_dir(self) -> Path:
-        return self._projects.qwen_home
-
-    def _settings(self, root: Path | None) -> Settings:
-        return self._config.for_project(root) if root is not None else self._config.global_settings
-
-    def _bases(self, root: Path | None, cwd: Path) -> list[Any]:
-        return levels.base_dirs(root, home=self._home(), settings=self._settings(root).skills,
-                                cwd=cwd, qwen_dir=self._qwen_dir())
+    @staticmethod
+    def _bases(project: Project, cwd: Path) -> list[Any]:
+        return levels.base_dirs(project.root, home=project.home,
+                                settings=project.settings.skills, cwd=cwd,
+                                qwen_dir=project.qwen_home)
 
     # -- loading --------------------------------------------------------------------------------
-    async def skillset(self, root: Path | None, cwd: Path) -> tuple[SkillSet, int]:
+    async def skillset(self, project: Project, cwd: Path) -> tuple[SkillSet, int]:
         """The project's skill set and its generation (bumps on every refresh)."""
-        entry = self._entries.peek(root)
+        entry = self._entries.peek(project.root)
         if entry is None:
-            entry = await self._entries.get(root, lambda: self._load(root, cwd))
+            entry = await self._entries.get(project.root, lambda: self._load(project, cwd))
         return entry.skillset, entry.generation
 
-    async def _load(self, root: Path | None, cwd: Path) -> Watched[_Entry]:
+    async def _load(self, project: Project, cwd: Path) -> Watched[_Entry]:
         """Read every level; the cache watches the dirs and runs the catch-up check, and
         publishes the entry once this returns."""
-        bases = self._bases(root, cwd)
-        user_skills = self._qwen_dir() / "skills"
+        bases = self._bases(project, cwd)
+        user_skills = project.qwen_home / "skills"
         if not user_skills.exists():  # Qwen Code creates it when watching starts
             try:
                 await anyio.to_thread.run_sync(lambda: user_skills.mkdir(parents=True,
@@ -106,7 +95,7 @@ class SkillsService:
         own = {b.path for b in bases if b.level in ("project", "user")}
         # taken before reading: an edit made while the levels load is caught by the check
         prints = await anyio.to_thread.run_sync(_fingerprint, own)
-        skillset = await levels.aload_skills(bases, settings=self._settings(root).skills)
+        skillset = await levels.aload_skills(bases, settings=project.settings.skills)
 
         def watch_dirs_of() -> set[Path]:
             out = set(own)
@@ -116,19 +105,20 @@ class SkillsService:
 
         watch_dirs = await anyio.to_thread.run_sync(watch_dirs_of)
         self.generation += 1
-        entry = _Entry(skillset=skillset, generation=self.generation, cwd=cwd, dirs=watch_dirs,
-                       bases=own)
+        entry = _Entry(skillset=skillset, generation=self.generation, project=project, cwd=cwd,
+                       dirs=watch_dirs, bases=own)
         return Watched(entry, watch_dirs, lambda p: _relevant(p, own),
                        lambda: _fingerprint(own) != prints)
 
-    def _schedule_refresh(self, root: Path | None, cwd: Path) -> None:
+    def _schedule_refresh(self, project: Project, cwd: Path) -> None:
         if not self._tasks.accepting:
             return
+        root = project.root
 
         async def refresh() -> None:
             await anyio.sleep(DEBOUNCE_S)
             old = self._entries.peek(root)
-            entry = await self._entries.reload(root, lambda: self._load(root, cwd))
+            entry = await self._entries.reload(root, lambda: self._load(project, cwd))
             self.refreshes += 1
             self._on_refresh()
             before = set(old.skillset.skills) if old else set()

@@ -18,6 +18,7 @@ from typing import Any
 
 from qwenctxd.client import Client, DaemonUnreachable
 from qwenctxd.client.errors import ClientError
+from qwenctxd.testing import forkserver
 from qwenctxd.testing.wait import WaitTimeout, until
 
 #: pids of daemons started by a live SpawnedDaemon of this process: each one stops its own,
@@ -51,7 +52,11 @@ wait_until = until
 class SpawnedDaemon:
     """A daemon process plus the scratch directories it lives in."""
 
-    def __init__(self, root: Path | None = None, env: dict[str, str] | None = None) -> None:
+    def __init__(self, root: Path | None = None, env: dict[str, str] | None = None, *,
+                 fresh: bool = False) -> None:
+        #: start a fresh interpreter (``python -m qwenctxd``) rather than a fork of the
+        #: pre-imported :mod:`~qwenctxd.testing.forkserver`: for tests about start-up itself
+        self.fresh = fresh
         self.root = root or Path(tempfile.mkdtemp(prefix="qcd-", dir="/tmp"))
         self._own_root = root is None
         if self._own_root:
@@ -77,7 +82,7 @@ class SpawnedDaemon:
         )
         base.update(env or {})
         self.env = base
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.proc: subprocess.Popen[bytes] | forkserver.ForkedProcess | None = None
         self._log_file: Any = None
 
     # -- process control ---------------------------------------------------------------------
@@ -92,6 +97,18 @@ class SpawnedDaemon:
         argv_prefix: tuple[str, ...] = (),
     ) -> SpawnedDaemon:
         self._log_file = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        if self._forkable(pass_fds, preexec_fn, argv_prefix):
+            with open(os.devnull, "rb") as devnull:
+                self.proc = forkserver.zygote().start(
+                    "qwenctxd", ["--log-format", "json", *extra_args],
+                    env={**self.env, **(env or {})}, cwd=str(self.root),
+                    stdin=devnull.fileno(), stdout=self._log_file.fileno(),
+                    stderr=self._log_file.fileno())
+            forkserver.register(self.proc, self.home)
+            _SPAWNED.add(self.proc.pid)
+            if wait:
+                self.wait_ready(timeout)
+            return self
         self.proc = subprocess.Popen(
             [*argv_prefix, sys.executable, "-m", "qwenctxd", "--log-format", "json", *extra_args],
             env={**self.env, **(env or {})},
@@ -106,6 +123,13 @@ class SpawnedDaemon:
         if wait:
             self.wait_ready(timeout)
         return self
+
+    def _forkable(self, pass_fds: tuple[int, ...], preexec_fn: Any,
+                  argv_prefix: tuple[str, ...]) -> bool:
+        """Whether this start can be a fork of the pre-imported server: not when it must be a
+        fresh interpreter, inherit descriptors, run a hook before exec or run under a wrapper."""
+        return (not self.fresh and forkserver.enabled() and not pass_fds and preexec_fn is None
+                and not argv_prefix)
 
     def wait_ready(self, timeout: float = 15.0) -> None:
         """Return once the daemon answers a ping; RuntimeError if it exited first,
@@ -178,7 +202,8 @@ class SpawnedDaemon:
 
     @staticmethod
     def _reap_env(marker: bytes) -> None:
-        pids = []
+        # a forked daemon's /proc environ is the fork server's: the server's registry knows it
+        pids = forkserver.live_pids_with_home(marker.decode().split("=", 1)[1])
         for entry in os.listdir("/proc"):
             if not entry.isdigit() or int(entry) == os.getpid():
                 continue
@@ -226,6 +251,20 @@ class SpawnedDaemon:
                 except ValueError:
                     continue
         return False
+
+    def requests(self) -> list[str]:
+        """The methods of the requests the daemon's JSON log records as answered, in order
+        (a line is written when a request's reply is ready)."""
+        found = []
+        for line in self.log_text().splitlines():
+            if '"request"' in line and line.startswith("{"):
+                try:
+                    entry = json.loads(line)
+                except ValueError:
+                    continue
+                if entry.get("event") == "request" and isinstance(entry.get("method"), str):
+                    found.append(entry["method"])
+        return found
 
     def log_text(self) -> str:
         try:

@@ -125,8 +125,11 @@ def test_qwen_code_on_a_local_model_through_the_proxy(
                 {"memory": {"enableManagedAutoMemory": False}}))
             cli = QwenCli(home=home, cwd=proj, base_url=proxy.base_url, api_key=proxy.key,
                           model="smollm2")
+            # ~8 min on 2 cores: a 17k-token prompt, several times. Qwen Code gives up on a
+            # stream that sends no chunk for 240 s and asks again; a loaded machine can take
+            # longer than that to read the prompt, so its idle limit is raised to the bound
             proc = cli.run(prompt="What is the deploy gate called? One short sentence.",
-                           timeout=1200)  # ~8 min on 2 cores: a 17k-token prompt, several times
+                           timeout=1200, extra_env={"QWEN_STREAM_IDLE_TIMEOUT_MS": "1200000"})
             proxy_log = proxy.log_text()
             d.call("daemon.drain", {"timeout_s": 60})
         finally:
@@ -146,10 +149,10 @@ def test_qwen_code_on_a_local_model_through_the_proxy(
     assert MARKER in json.dumps(main[0]["messages"])  # the memory index or the recall reminder
     sessions = d.call("session.list", {"cwd": str(proj)})["sessions"]
     assert sessions, proxy_log[-2000:]
-    # every recorded session is the user's conversation, titled by the user's words (Qwen
-    # Code's one-shot side query is folded away). Known gap (issue 29 stays open): Qwen Code
-    # sends the same first message again after a real answer in some runs, and the proxy
-    # takes that for a regenerate, so the conversation can be recorded twice.
+    # one conversation, one session, titled by the user's words: Qwen Code's one-shot side
+    # query is folded away, and its re-asks of an answer it could not use (cut off by the
+    # 96-token cap: finish_reason "length", which it retries with a larger budget) are
+    # retries in the same session, not regenerates
     titles = [s.get("title") or "" for s in sessions]
     assert all(t.startswith("What is the deploy gate") for t in titles), titles
-    assert len(sessions) <= 2, [(s.get("title"), s.get("messages")) for s in sessions]
+    assert len(sessions) == 1, [(s.get("title"), s.get("messages")) for s in sessions]

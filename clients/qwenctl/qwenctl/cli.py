@@ -10,9 +10,6 @@ import argparse
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
-
-import msgspec
 
 from qwenctl import (
     compress_cmds,
@@ -27,49 +24,25 @@ from qwenctl import (
     session_cmds,
     skills_cmds,
 )
+from qwenctl.context import Ctx, emit_json
 from qwenctl.daemon_link import (
     EXIT_DAEMON_ERROR,
     EXIT_OK,
     EXIT_UNREACHABLE,
     EXIT_USAGE,
     Unreachable,
-    connect,
 )
 from qwenctl.proxy import command as proxy_cmd
 from qwenctxd.client import Client, ClientError, RemoteError
 from qwenctxd.client.errors import Busy
 from qwenctxd.paths import socket_path
+from qwenctxd.protocol import daemon as dwire
 from qwenctxd.protocol import methods
-from qwenctxd.protocol.methods import Method
-
-
-class Ctx:
-    def __init__(self, args: argparse.Namespace) -> None:
-        self.args = args
-        self._client: Client | None = None
-
-    def client(self, *, autostart: bool | None = None) -> Client:
-        if self._client is None:
-            auto = (not self.args.no_autostart) if autostart is None else autostart
-            self._client = connect(self.args.socket, autostart=auto, timeout=self.args.timeout)
-        return self._client
-
-    def call(self, method: str | Method[Any, Any], params: Any = None, *,
-             autostart: bool | None = None) -> Any:
-        return self.client(autostart=autostart).call(method, params)
-
-    def close(self) -> None:
-        if self._client is not None:
-            self._client.close()
-
-
-def emit_json(obj: Any) -> None:
-    sys.stdout.write(msgspec.json.encode(obj).decode() + "\n")
 
 
 # -- commands --------------------------------------------------------------------------------
 def cmd_status(ctx: Ctx) -> int:
-    st = ctx.call(methods.DAEMON_STATUS)
+    st = ctx.request(methods.DAEMON_STATUS)
     if ctx.args.json:
         emit_json(st)
     else:
@@ -82,47 +55,46 @@ def cmd_drain(ctx: Ctx) -> int:
     last = None
     while True:
         left = max(0.0, deadline - time.monotonic())
-        res = ctx.call(methods.DAEMON_DRAIN, {"timeout_s": min(0.5, left)}, autostart=False)
-        if not ctx.args.json and res["pending"] != last and not res["drained"]:
-            bg = ctx.call(methods.DAEMON_STATUS, autostart=False)["background"]
-            kinds = ", ".join(t["kind"] for t in bg["in_flight"]) or "-"
-            sys.stdout.write(f"waiting: {res['pending']} pending (running: {kinds})\n")
+        res = ctx.request(methods.DAEMON_DRAIN, dwire.DrainParams(timeout_s=min(0.5, left)),
+                          autostart=False)
+        if not ctx.args.json and res.pending != last and not res.drained:
+            bg = ctx.request(methods.DAEMON_STATUS, autostart=False).background
+            kinds = ", ".join(t.kind for t in bg.in_flight) or "-"
+            sys.stdout.write(f"waiting: {res.pending} pending (running: {kinds})\n")
             sys.stdout.flush()
-            last = res["pending"]
-        if res["drained"] or left <= 0:
+            last = res.pending
+        if res.drained or left <= 0:
             break
     if ctx.args.json:
         emit_json(res)
-    elif res["drained"]:
+    elif res.drained:
         sys.stdout.write("drained: no background work pending\n")
     else:
-        sys.stdout.write(f"timed out: {res['pending']} background job(s) still pending\n")
-    return EXIT_OK if res["drained"] else EXIT_DAEMON_ERROR
+        sys.stdout.write(f"timed out: {res.pending} background job(s) still pending\n")
+    return EXIT_OK if res.drained else EXIT_DAEMON_ERROR
 
 
 def cmd_stop(ctx: Ctx) -> int:
     client = ctx.client(autostart=False)
-    pid = client.call(methods.DAEMON_STATUS)["pid"]
-    params: dict[str, Any] = {"drain": not ctx.args.no_drain}
-    if ctx.args.stop_timeout is not None:
-        params["timeout_s"] = ctx.args.stop_timeout
-    client.call(methods.DAEMON_SHUTDOWN, params)
+    pid = client.request(methods.DAEMON_STATUS).pid
+    client.request(methods.DAEMON_SHUTDOWN, dwire.ShutdownParams(
+        drain=not ctx.args.no_drain, timeout_s=ctx.args.stop_timeout))
     client.close()
     # while it drains the daemon still answers daemon.status: show progress until it is gone
     last: tuple[int, str] | None = None
     while True:
         try:
             with Client(ctx.args.socket, timeout=5) as probe:
-                st = probe.call(methods.DAEMON_STATUS)
+                st = probe.request(methods.DAEMON_STATUS)
         except (ClientError, OSError):
             break
-        if st.get("pid") != pid:
+        if st.pid != pid:
             break
-        bg = st["background"]
-        pending = len(bg["in_flight"]) + bg["queued"]
-        kinds = ", ".join(t["kind"] for t in bg["in_flight"]) or "-"
+        bg = st.background
+        pending = len(bg.in_flight) + bg.queued
+        kinds = ", ".join(t.kind for t in bg.in_flight) or "-"
         if not ctx.args.json and (pending, kinds) != last:
-            sys.stdout.write(f"stopping: {st['state']}, {pending} background job(s) pending "
+            sys.stdout.write(f"stopping: {st.state}, {pending} background job(s) pending "
                              f"(running: {kinds})\n")
             sys.stdout.flush()
             last = (pending, kinds)

@@ -7,6 +7,8 @@ import os
 import sys
 from typing import Any
 
+from qwenctl.context import emit_json
+
 
 def command_cwd(ctx: Any) -> str:
     """``--cwd`` made absolute, or the current directory."""
@@ -32,8 +34,6 @@ def home_dir() -> str | None:
 def emit_result(ctx: Any, result: Any, line: str) -> None:
     """The daemon's ``result`` as JSON with ``--json``, else ``line`` for people."""
     if ctx.args.json:
-        from qwenctl.cli import emit_json
-
         emit_json(result)
     else:
         sys.stdout.write(line + "\n")

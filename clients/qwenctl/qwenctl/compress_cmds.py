@@ -17,11 +17,13 @@ from typing import TYPE_CHECKING, Any
 
 from qwenctl import context_cmds, session_cmds
 from qwenctl.cmdutil import add_session_args, command_cwd
+from qwenctl.context import emit_json, wire
 from qwenctl.daemon_link import EXIT_DAEMON_ERROR, EXIT_OK
 from qwenctxd.protocol import methods
+from qwenctxd.protocol import session as swire
 
 if TYPE_CHECKING:
-    from qwenctl.cli import Ctx
+    from qwenctl.context import Ctx
 
 
 def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
@@ -35,24 +37,7 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
                    help="what the summary should focus on (full compression only)")
 
 
-def _compress(ctx: Ctx, row: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
-    sid = row["session_id"]
-    if row.get("open"):
-        return ctx.call(methods.SESSION_COMPRESS, params)  # type: ignore[no-any-return]
-    ctx.call(methods.SESSION_OPEN, {"cwd": row["cwd"], "model": session_cmds.UNKNOWN_MODEL,
-                                    "session_id": sid, "resume": True})
-    try:
-        return ctx.call(methods.SESSION_COMPRESS, params)  # type: ignore[no-any-return]
-    finally:
-        try:
-            ctx.call(methods.SESSION_CLOSE, {"session_id": sid})
-        except Exception as exc:  # noqa: BLE001 - the answer matters more than the cleanup
-            sys.stderr.write(f"qwenctl: warning: could not close session {sid} again: {exc}\n")
-
-
 def cmd_compress(ctx: Ctx) -> int:
-    from qwenctl.cli import emit_json
-
     a = ctx.args
     if a.session is None:
         cwd = command_cwd(ctx)
@@ -63,21 +48,19 @@ def cmd_compress(ctx: Ctx) -> int:
                      "(see `qwenctl sessions --all`)")
     else:
         try:
-            row = session_cmds.resolve(ctx.call(methods.SESSION_LIST, {})["sessions"], a.session)
+            row = session_cmds.resolve(session_cmds.sessions(ctx), a.session)
         except session_cmds.Resolve as exc:
             return session_cmds._fail(ctx, str(exc), matches=exc.matches)  # noqa: SLF001
-    params: dict[str, Any] = {"session_id": row["session_id"],
-                              "mode": "fast" if a.fast else "full"}
-    if a.instructions and not a.fast:
-        params["instructions"] = a.instructions
-    res = _compress(ctx, row, params)
+    params = swire.CompressParams(session_id=row.session_id, mode="fast" if a.fast else "full",
+                                  instructions=None if a.fast else a.instructions or None)
+    res = session_cmds.with_open_session(ctx, row, methods.SESSION_COMPRESS, params)
     if a.json:
-        emit_json({"session_id": row["session_id"], **res})
-    status = res.get("status")
+        emit_json({"session_id": row.session_id, **wire(res)})
+    status = res.status
     ok = status in ("compressed", "noop")
     if not a.json:
-        before, after = int(res.get("tokens_before") or 0), int(res.get("tokens_after") or 0)
-        sid = row["session_id"][:8]
+        before, after = res.tokens_before, res.tokens_after
+        sid = row.session_id[:8]
         if status == "compressed":
             saved = before - after
             pct = f" ({100 * saved / before:.0f}% less)" if before else ""

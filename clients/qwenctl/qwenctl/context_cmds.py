@@ -24,11 +24,13 @@ from typing import TYPE_CHECKING, Any
 
 from qwenctl import render_context, session_cmds
 from qwenctl.cmdutil import add_session_args, command_cwd
+from qwenctl.context import emit_json
 from qwenctl.daemon_link import EXIT_OK
 from qwenctxd.protocol import methods
+from qwenctxd.protocol import session as swire
 
 if TYPE_CHECKING:
-    from qwenctl.cli import Ctx
+    from qwenctl.context import Ctx
 
 
 def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
@@ -40,21 +42,19 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
                    help="bar width in columns (default: the terminal's, 80 when piped)")
 
 
-def default_session(ctx: Ctx, cwd: Path) -> dict[str, Any] | None:
+def default_session(ctx: Ctx, cwd: Path) -> swire.SessionInfo | None:
     """The newest open (else newest) session of ``cwd``, or of the nearest parent that has
     sessions, going no higher than the project root (the first directory with ``.git``)."""
     for d in (cwd, *cwd.parents):
-        rows = ctx.call(methods.SESSION_LIST, {"cwd": str(d)})["sessions"]  # newest first
-        if rows:
-            return next((r for r in rows if r.get("open")), rows[0])  # type: ignore[no-any-return]
+        rows = ctx.request(methods.SESSION_LIST, swire.ListParams(cwd=str(d))).sessions
+        if rows:  # newest first
+            return next((r for r in rows if r.open), rows[0])
         if (d / ".git").exists():
             return None
     return None
 
 
 def cmd_context(ctx: Ctx) -> int:
-    from qwenctl.cli import emit_json
-
     if ctx.args.session is None:
         cwd = command_cwd(ctx)
         row = default_session(ctx, Path(cwd))
@@ -64,15 +64,14 @@ def cmd_context(ctx: Ctx) -> int:
                      "(see `qwenctl sessions --all`)")
     else:
         try:
-            row = session_cmds.resolve(ctx.call(methods.SESSION_LIST, {})["sessions"],
-                                       ctx.args.session)
+            row = session_cmds.resolve(session_cmds.sessions(ctx), ctx.args.session)
         except session_cmds.Resolve as exc:
             return session_cmds._fail(ctx, str(exc), matches=exc.matches)  # noqa: SLF001
     res = session_cmds.with_open_session(ctx, row, methods.SESSION_CONTEXT)
     if ctx.args.json:
         emit_json(res)
         return EXIT_OK
-    if not row.get("open"):
+    if not row.open:
         sys.stderr.write("qwenctl: note: the session was not open; it was resumed for this "
                          "picture, without the client's tool declarations\n")
     render_context.context_report(res, stream=sys.stdout, width=ctx.args.width)

@@ -86,7 +86,7 @@ def connect(socket_override: str | None, *, autostart: bool, timeout: float | No
             )
         try:
             client = Client(sock, timeout=timeout)
-            client.call(methods.DAEMON_PING)
+            client.request(methods.DAEMON_PING)
             return client
         except (DaemonUnreachable, ClientError, OSError):
             time.sleep(0.05)

@@ -29,13 +29,15 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from qwenctl.context import emit_json, wire
 from qwenctl.daemon_link import EXIT_DAEMON_ERROR, EXIT_OK, EXIT_UNREACHABLE, Unreachable
 from qwenctxd.client import ClientError, RemoteError
 from qwenctxd.paths import socket_path
 from qwenctxd.protocol import methods
+from qwenctxd.protocol import model as mwire
 
 if TYPE_CHECKING:
-    from qwenctl.cli import Ctx
+    from qwenctl.context import Ctx
 
 INOTIFY_DIR = Path("/proc/sys/fs/inotify")
 WATCH_WARN_FRACTION = 0.8
@@ -59,7 +61,7 @@ def _check(name: str, status: str, summary: str, **details: Any) -> dict[str, An
 def check_socket(ctx: Ctx) -> tuple[dict[str, Any], dict[str, Any] | None]:
     path = socket_path(ctx.args.socket)
     try:
-        st = ctx.call(methods.DAEMON_STATUS, autostart=False)
+        st = wire(ctx.request(methods.DAEMON_STATUS, autostart=False))
     except Unreachable:
         return _check("socket", "problem", f"no daemon answers at {path}; start it with "
                       "`qwenctxd`, `systemctl --user start qwenctxd` or any qwenctl command",
@@ -116,8 +118,9 @@ def check_config(st: dict[str, Any]) -> dict[str, Any]:
 
 
 def check_model(ctx: Ctx) -> dict[str, Any]:
-    params = {} if ctx.args.probe_timeout is None else {"timeout_s": ctx.args.probe_timeout}
-    p = ctx.call(methods.MODEL_PROBE, params, autostart=False)
+    probe = ctx.request(methods.MODEL_PROBE, mwire.ProbeParams(timeout_s=ctx.args.probe_timeout),
+                        autostart=False)
+    p = wire(probe)  # the checks read the wire shape: it is what --json reports
     src = p.get("sources") or {}
     details = {k: p.get(k) for k in ("base_url", "model", "fast_model", "api_key_set",
                                      "reachable", "models")}
@@ -242,8 +245,6 @@ def _print(checks: list[dict[str, Any]]) -> None:
 
 
 def cmd_doctor(ctx: Ctx) -> int:
-    from qwenctl.cli import emit_json
-
     checks: list[dict[str, Any]] = []
     sock, st = check_socket(ctx)
     checks.append(sock)

@@ -11,16 +11,18 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from qwenctl import render_instructions
 from qwenctl.cmdutil import command_cwd, home_dir
+from qwenctl.context import emit_json
 from qwenctl.daemon_link import EXIT_OK
+from qwenctxd.protocol import instructions as iwire
 from qwenctxd.protocol import methods
 from qwenctxd.protocol.instructions import PROMPT_ENV_KEYS
 
 if TYPE_CHECKING:
-    from qwenctl.cli import Ctx
+    from qwenctl.context import Ctx
 
 MODES = ("interactive", "headless", "acp")
 
@@ -33,36 +35,26 @@ def prompt_env() -> dict[str, str]:
 
 
 def cmd_prompt(ctx: Ctx) -> int:
-    from qwenctl.cli import emit_json
-
     a = ctx.args
     cwd = command_cwd(ctx)
-    params: dict[str, Any] = {"cwd": cwd}
-    if a.model is not None:
-        params["model"] = a.model
-    if a.append is not None:
-        params["append"] = a.append
+    params = iwire.PromptSystemParams(cwd=cwd, model=a.model, append=a.append,
+                                      env=prompt_env() or None)
     if a.mode is not None:
-        params["interaction_mode"] = a.mode
-    env = prompt_env()
-    if env:
-        params["env"] = env
-    res = ctx.call(methods.PROMPT_SYSTEM, params)
+        params.interaction_mode = a.mode
+    res = ctx.request(methods.PROMPT_SYSTEM, params)
     if a.json:
         emit_json(res)
         return EXIT_OK
     sys.stdout.flush()
-    sys.stdout.buffer.write(res["text"].encode("utf-8", errors="surrogatepass") + b"\n")
+    sys.stdout.buffer.write(res.text.encode("utf-8", errors="surrogatepass") + b"\n")
     sys.stdout.buffer.flush()
     render_instructions.prompt_report(res, cwd=cwd, home=home_dir(), stream=sys.stderr)
     return EXIT_OK
 
 
 def cmd_instructions(ctx: Ctx) -> int:
-    from qwenctl.cli import emit_json
-
     cwd = command_cwd(ctx)
-    res = ctx.call(methods.INSTRUCTIONS_FILES, {"cwd": cwd})
+    res = ctx.request(methods.INSTRUCTIONS_FILES, iwire.CwdParams(cwd=cwd))
     if ctx.args.json:
         emit_json(res)
     else:

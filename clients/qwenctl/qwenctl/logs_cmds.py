@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from qwenctl.daemon_link import EXIT_DAEMON_ERROR, EXIT_OK, log_path
 
 if TYPE_CHECKING:
-    from qwenctl.cli import Ctx
+    from qwenctl.context import Ctx
 
 _FIRST = ("timestamp", "level", "event")
 FOLLOW_POLL_S = 0.25

@@ -14,15 +14,20 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
 from urllib.parse import unquote, urlparse
 
 import anyio
 
 from qwenctl.daemon_link import Unreachable, connect
 from qwenctxd.client import Client, ConnectionLost, DaemonUnreachable, RemoteError
+from qwenctxd.protocol import instructions as iwire
+from qwenctxd.protocol import memory as mwire
+from qwenctxd.protocol import skills as kwire
 from qwenctxd.protocol.methods import Method
 
+P = TypeVar("P")
+R = TypeVar("R")
 REPLY_TIMEOUT_S = 120.0
 INSTRUCTION_SECTIONS = ("instructions", "memory")
 
@@ -59,14 +64,15 @@ class DaemonLink:
             self._client.close()
             self._client = None
 
-    def call_sync(self, method: str | Method[Any, Any], params: dict[str, Any]) -> Any:
+    def request_sync(self, method: Method[P, R], params: P) -> R:
+        """The typed call of a table method (see the module docstring for retries)."""
         with self._lock:
             for attempt in (1, 2):
                 try:
                     if self._client is None:
                         self._client = connect(self._socket, autostart=self._autostart,
                                                timeout=self._timeout)
-                    return self._client.call(method, params)
+                    return self._client.request(method, params)
                 except RemoteError as exc:
                     raise ToolFailure(describe_remote(exc)) from None
                 except Unreachable as exc:
@@ -83,8 +89,8 @@ class DaemonLink:
                     self.reconnects += 1
             raise AssertionError("unreachable")
 
-    async def call(self, method: str | Method[Any, Any], params: dict[str, Any]) -> Any:
-        return await anyio.to_thread.run_sync(self.call_sync, method, params)
+    async def request(self, method: Method[P, R], params: P) -> R:
+        return await anyio.to_thread.run_sync(self.request_sync, method, params)
 
     def close(self) -> None:
         with self._lock:
@@ -101,16 +107,16 @@ def root_to_dir(uri: str) -> Path | None:
 
 
 # -- texts --------------------------------------------------------------------------------------
-def render_recall(query: str, result: dict[str, Any]) -> str:
-    text = result.get("prompt") or ""
+def render_recall(query: str, result: mwire.RecallResult) -> str:
+    text = result.prompt or ""
     return text if text.strip() else f"No saved memory is relevant to: {query}"
 
 
-def render_candidates(query: str, candidates: list[dict[str, Any]]) -> str:
+def render_candidates(query: str, candidates: list[mwire.Candidate]) -> str:
     if not candidates:
         return f"No memory matches: {query}"
     lines = ["Memories that match (call forget_memory again with `paths` to remove them):"]
-    lines += [f"- {c['path']} [{c['scope']}] {c['name']} — {c['reason']}" for c in candidates]
+    lines += [f"- {c.path} [{c.scope}] {c.name} — {c.reason}" for c in candidates]
     return "\n".join(lines)
 
 
@@ -120,37 +126,39 @@ def render_removed(removed: list[str]) -> str:
     return "Removed:\n" + "\n".join(f"- {p}" for p in removed)
 
 
-def render_skills(result: dict[str, Any]) -> str:
-    skills = [s for s in result.get("skills", []) if s.get("model_invocable", True)]
+def render_skills(result: kwire.ListResult) -> str:
+    skills = [s for s in result.skills if s.model_invocable]
     if not skills:
         return "No skills are available in this project."
     lines = ["Available skills (load one with load_skill {name}):"]
     for s in skills:
-        state = "" if s.get("active", True) else " (inactive until a matching file is touched)"
-        lines.append(f"- {s['name']} [{s['level']}]: {s['description']}{state}")
+        state = "" if s.active else " (inactive until a matching file is touched)"
+        lines.append(f"- {s.name} [{s.level}]: {s.description}{state}")
     return "\n".join(lines)
 
 
-def section_text(prompt: dict[str, Any], names: tuple[str, ...] = INSTRUCTION_SECTIONS) -> str:
+def section_text(prompt: iwire.PromptSystemResult,
+                 names: tuple[str, ...] = INSTRUCTION_SECTIONS) -> str:
     """The parts of a ``prompt.system`` text its ``sections`` name (they partition it)."""
-    text, pos, parts = prompt["text"], 0, []
-    for sec in prompt.get("sections", []):
-        end = pos + int(sec["chars"])
-        if sec["name"] in names:
+    text, pos, parts = prompt.text, 0, []
+    for sec in prompt.sections:
+        end = pos + sec.chars
+        if sec.name in names:
             parts.append(text[pos:end])
         pos = end
     return "".join(parts).strip().removeprefix("---").strip()
 
 
-def render_instructions(prompt: dict[str, Any], files: dict[str, Any]) -> str:
+def render_instructions(prompt: iwire.PromptSystemResult,
+                        files: iwire.InstructionsFilesResult) -> str:
     body = section_text(prompt) or "(no project instructions or memory index)"
-    listed: list[str] = [f"- {f['path']} ({f['type']})" for f in prompt.get("files", [])]
-    listed += [f"- {r['path']} (rule{', conditional' if r.get('conditional') else ''})"
-               for r in files.get("rules", [])]
+    listed: list[str] = [f"- {f.path} ({f.type})" for f in prompt.files]
+    listed += [f"- {r.path} (rule{', conditional' if r.conditional else ''})"
+               for r in files.rules]
     tail = "\n".join(listed) if listed else "- (none)"
     return f"{body}\n\n---\nFiles:\n{tail}"
 
 
-def memory_uri(doc: dict[str, Any]) -> str:
-    path = Path(doc["path"])
-    return f"qwenctx://memory/{doc['scope']}/{path.parent.name}/{path.name}"
+def memory_uri(doc: mwire.DocInfo) -> str:
+    path = Path(doc.path)
+    return f"qwenctx://memory/{doc.scope}/{path.parent.name}/{path.name}"

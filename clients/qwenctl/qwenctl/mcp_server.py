@@ -7,7 +7,8 @@ client announces (``roots/list``), else the process cwd; it is looked up per req
 client that changes its roots is followed.
 
 Tools: ``recall_memory``, ``save_memory``, ``forget_memory``, ``list_skills``, ``load_skill``,
-``project_instructions``, ``search_sessions``. Resources: ``qwenctx://instructions`` and one per memory document
+``project_instructions``, ``search_sessions``. Resources: ``qwenctx://instructions`` and one per
+memory document
 (``qwenctx://memory/<scope>/<topic>/<file>``). Prompts: one per skill, named after it. The
 resource and prompt lists come from the daemon on every list request.
 """
@@ -18,7 +19,10 @@ import sys
 import warnings
 from typing import TYPE_CHECKING, Any, Literal
 
+from qwenctxd.protocol import instructions as iwire
+from qwenctxd.protocol import memory as mwire
 from qwenctxd.protocol import methods
+from qwenctxd.protocol import skills as kwire
 from qwenctxd.protocol.methods import Method
 
 if TYPE_CHECKING:
@@ -123,21 +127,23 @@ def build_server(link: "DaemonLink", cwd: str | None) -> Any:
 
     project = Project(cwd)
 
-    async def daemon(method: str | Method[Any, Any], params: dict[str, Any]) -> Any:
+    async def daemon(method: Method[Any, Any], params: Any) -> Any:
+        """A tool's typed call: a failure is the tool's error."""
         try:
-            return await link.call(method, params)
+            return await link.request(method, params)
         except ToolFailure as exc:
             raise ToolError(str(exc)) from None
 
-    async def resource_call(method: str | Method[Any, Any], params: dict[str, Any]) -> Any:
+    async def resource_call(method: Method[Any, Any], params: Any) -> Any:
+        """A resource's or prompt's typed call: a failure is -32602 to the MCP client."""
         try:
-            return await link.call(method, params)
+            return await link.request(method, params)
         except ToolFailure as exc:
             raise MCPError(code=INVALID_PARAMS, message=str(exc)) from None
 
     async def instructions_text(where: str) -> str:
-        prompt = await link.call(methods.PROMPT_SYSTEM, {"cwd": where})
-        files = await link.call(methods.INSTRUCTIONS_FILES, {"cwd": where})
+        prompt = await link.request(methods.PROMPT_SYSTEM, iwire.PromptSystemParams(cwd=where))
+        files = await link.request(methods.INSTRUCTIONS_FILES, iwire.CwdParams(cwd=where))
         return render_instructions(prompt, files)
 
     class QwenctxServer(MCPServer):  # type: ignore[misc]
@@ -145,12 +151,12 @@ def build_server(link: "DaemonLink", cwd: str | None) -> Any:
 
         async def _handle_list_resources(self, rctx: Any, params: Any) -> Any:
             where = await project.resolve(rctx.session)
-            docs = (await resource_call(methods.MEMORY_LIST, {"cwd": where}))["docs"]
+            docs = (await resource_call(methods.MEMORY_LIST, mwire.ListParams(cwd=where))).docs
             resources = [Resource(uri=INSTRUCTIONS_URI, name="project instructions",
                                   description="QWEN.md layering, rules and the memory index "
                                               f"for {where}", mime_type="text/markdown")]
-            resources += [Resource(uri=memory_uri(d), name=d["name"],
-                                   description=d["description"] or None,
+            resources += [Resource(uri=memory_uri(d), name=d.name,
+                                   description=d.description or None,
                                    mime_type="text/markdown") for d in docs]
             return ListResourcesResult(resources=resources)
 
@@ -163,13 +169,14 @@ def build_server(link: "DaemonLink", cwd: str | None) -> Any:
                 except ToolFailure as exc:
                     raise MCPError(code=INVALID_PARAMS, message=str(exc)) from None
             elif uri.startswith(MEMORY_URI_PREFIX):
-                docs = (await resource_call(methods.MEMORY_LIST, {"cwd": where}))["docs"]
+                listed = await resource_call(methods.MEMORY_LIST, mwire.ListParams(cwd=where))
+                docs = listed.docs
                 match = next((d for d in docs if memory_uri(d) == uri), None)
                 if match is None:
                     raise MCPError(code=INVALID_PARAMS, message=f"no such memory: {uri}",
                                    data={"uri": uri})
                 try:  # a path the daemon listed for this project, not one the client chose
-                    text = await anyio.Path(match["path"]).read_text(encoding="utf-8")
+                    text = await anyio.Path(match.path).read_text(encoding="utf-8")
                     from qwenctxd.secrets import redact  # lazy: qwenctl's start-up stays lean
 
                     text = redact(text).text  # a hand-written key never leaves in a resource
@@ -184,18 +191,17 @@ def build_server(link: "DaemonLink", cwd: str | None) -> Any:
 
         async def _handle_list_prompts(self, rctx: Any, params: Any) -> Any:
             where = await project.resolve(rctx.session)
-            listed = await resource_call(methods.SKILLS_LIST, {"cwd": where})
+            listed = await resource_call(methods.SKILLS_LIST, kwire.ListParams(cwd=where))
             return ListPromptsResult(prompts=[
-                Prompt(name=s["name"], description=s["description"])
-                for s in listed["skills"]])
+                Prompt(name=s.name, description=s.description) for s in listed.skills])
 
         async def _handle_get_prompt(self, rctx: Any, params: Any) -> Any:
             where = await project.resolve(rctx.session)
-            loaded = await resource_call(methods.SKILLS_LOAD, {"cwd": where, "name": params.name})
+            loaded = await resource_call(methods.SKILLS_LOAD,
+                                         kwire.LoadParams(cwd=where, name=params.name))
             return GetPromptResult(
-                description=f"the {loaded['name']} skill",
-                messages=[PromptMessage(role="user",
-                                        content=TextContent(text=loaded["content"]))])
+                description=f"the {loaded.name} skill",
+                messages=[PromptMessage(role="user", content=TextContent(text=loaded.content))])
 
     server = QwenctxServer(SERVER_NAME, instructions=SERVER_INSTRUCTIONS, log_level="WARNING")
 
@@ -205,7 +211,7 @@ def build_server(link: "DaemonLink", cwd: str | None) -> Any:
         relevant to `query`; returns them as text, or says that none is relevant."""
         where = await project.resolve(ctx.session)
         return render_recall(query, await daemon(methods.MEMORY_RECALL,
-                                                 {"cwd": where, "query": query}))
+                                                 mwire.RecallParams(cwd=where, query=query)))
 
     @server.tool(structured_output=False)  # text only: no duplicate {"result": …} copy
     async def save_memory(type: Literal["user", "feedback", "project", "reference"], name: str,
@@ -219,16 +225,14 @@ def build_server(link: "DaemonLink", cwd: str | None) -> Any:
         secret). A secret in a project or user memory is replaced by `[redacted: <rule>]`
         before the file is written; a second line then says which."""
         where = await project.resolve(ctx.session)
-        saved = await daemon(methods.MEMORY_SAVE, {"cwd": where, "type": type, "name": name,
-                                                   "description": description, "body": body,
-                                                   "scope": scope})
-        lines = [str(saved["path"])]
-        redacted = saved.get("redacted") or []
-        if redacted:
-            what = ", ".join(f"{r['rule']} ×{r['count']}" for r in redacted)
+        saved = await daemon(methods.MEMORY_SAVE, mwire.SaveParams(
+            cwd=where, type=type, name=name, description=description, body=body, scope=scope))
+        lines = [saved.path]
+        if saved.redacted:
+            what = ", ".join(f"{r.rule} ×{r.count}" for r in saved.redacted)
             lines.append(f"Redacted before saving ({what}): secrets are never stored in "
                          "memory; the file holds [redacted: <rule>] in their place.")
-        lines.extend(f"warning: {w}" for w in saved.get("warnings") or [])
+        lines.extend(f"warning: {w}" for w in saved.warnings)
         return "\n".join(lines)
 
     @server.tool(structured_output=False)  # text only: no duplicate {"result": …} copy
@@ -237,22 +241,24 @@ def build_server(link: "DaemonLink", cwd: str | None) -> Any:
         paths). With `paths` (taken from that list): remove those memories."""
         where = await project.resolve(ctx.session)
         if paths:
-            out = await daemon(methods.MEMORY_FORGET, {"cwd": where, "paths": paths})
-            return render_removed(out["removed"])
-        out = await daemon(methods.MEMORY_FORGET_CANDIDATES, {"cwd": where, "query": query})
-        return render_candidates(query, out["candidates"])
+            out = await daemon(methods.MEMORY_FORGET, mwire.ForgetParams(cwd=where, paths=paths))
+            return render_removed(out.removed)
+        found = await daemon(methods.MEMORY_FORGET_CANDIDATES,
+                             mwire.ForgetCandidatesParams(cwd=where, query=query))
+        return render_candidates(query, found.candidates)
 
     @server.tool(structured_output=False)  # text only: no duplicate {"result": …} copy
     async def list_skills(ctx: Context) -> str:
         """List the skills available in this project (name, level, description)."""
         where = await project.resolve(ctx.session)
-        return render_skills(await daemon(methods.SKILLS_LIST, {"cwd": where}))
+        return render_skills(await daemon(methods.SKILLS_LIST, kwire.ListParams(cwd=where)))
 
     @server.tool(structured_output=False)  # text only: no duplicate {"result": …} copy
     async def load_skill(name: str, ctx: Context) -> str:
         """Load a skill by name: its instructions, starting with its base directory."""
         where = await project.resolve(ctx.session)
-        return str((await daemon(methods.SKILLS_LOAD, {"cwd": where, "name": name}))["content"])
+        loaded = await daemon(methods.SKILLS_LOAD, kwire.LoadParams(cwd=where, name=name))
+        return loaded.content
 
     @server.tool(structured_output=False)  # text only: no duplicate {"result": …} copy
     async def project_instructions(ctx: Context) -> str:
@@ -273,8 +279,8 @@ def build_server(link: "DaemonLink", cwd: str | None) -> Any:
         from qwenctl.search_cmds import agent_params, agent_text
 
         where = await project.resolve(ctx.session)
-        raw = await daemon(methods.SESSION_SEARCH, agent_params(
+        res = await daemon(methods.SESSION_SEARCH, agent_params(
             query, limit=limit, all_projects=all_projects, cwd=where))
-        return agent_text(raw, query)
+        return agent_text(res, query)
 
     return server

@@ -21,11 +21,14 @@ from typing import TYPE_CHECKING, Any
 
 from qwenctl import render, render_memory
 from qwenctl.cmdutil import command_cwd, emit_result, home_dir
+from qwenctl.context import emit_json
 from qwenctl.daemon_link import EXIT_DAEMON_ERROR, EXIT_OK, EXIT_USAGE
+from qwenctxd.protocol import instructions as iwire
+from qwenctxd.protocol import memory as mwire
 from qwenctxd.protocol import methods
 
 if TYPE_CHECKING:
-    from qwenctl.cli import Ctx
+    from qwenctl.context import Ctx
 
 SCOPES = ("project", "user", "team")
 
@@ -122,8 +125,6 @@ def _err(text: str) -> None:
 
 
 def _fail(ctx: Ctx, message: str, code: int = EXIT_DAEMON_ERROR, **data: Any) -> int:
-    from qwenctl.cli import emit_json
-
     _err(message)
     if ctx.args.json:
         emit_json({"error": {"code": None, "message": message, "data": data or None}})
@@ -163,14 +164,9 @@ def cmd_memory(ctx: Ctx) -> int:
 
 
 def cmd_list(ctx: Ctx) -> int:
-    from qwenctl.cli import emit_json
-
     cwd = command_cwd(ctx)
-    params: dict[str, Any] = {"cwd": cwd}
     scope = getattr(ctx.args, "scope", None)
-    if scope:
-        params["scope"] = scope
-    res = ctx.call(methods.MEMORY_LIST, params)
+    res = ctx.request(methods.MEMORY_LIST, mwire.ListParams(cwd=cwd, scope=scope or None))
     if ctx.args.json:
         emit_json(res)
     else:
@@ -179,16 +175,13 @@ def cmd_list(ctx: Ctx) -> int:
 
 
 def cmd_recall(ctx: Ctx) -> int:
-    from qwenctl.cli import emit_json
-
     cwd = command_cwd(ctx)
     query = _query(ctx)
     if not query:
         return _fail(ctx, "the query is empty", EXIT_USAGE)
-    params: dict[str, Any] = {"cwd": cwd, "query": query}
-    if ctx.args.tools:
-        params["active_tools"] = list(ctx.args.tools)
-    res = ctx.call(methods.MEMORY_RECALL, params)
+    params = mwire.RecallParams(cwd=cwd, query=query,
+                                active_tools=list(ctx.args.tools) if ctx.args.tools else None)
+    res = ctx.request(methods.MEMORY_RECALL, params)
     if ctx.args.json:
         emit_json(res)
     else:
@@ -205,18 +198,16 @@ def _confirm(n: int) -> bool:
 
 
 def cmd_forget(ctx: Ctx) -> int:
-    from qwenctl.cli import emit_json
-
     a = ctx.args
     cwd = command_cwd(ctx)
     home = home_dir()
     query = _query(ctx)
     if not query:
         return _fail(ctx, "the query is empty", EXIT_USAGE)
-    params: dict[str, Any] = {"cwd": cwd, "query": query}
+    params = mwire.ForgetCandidatesParams(cwd=cwd, query=query)
     if a.limit is not None:
-        params["limit"] = a.limit
-    candidates = ctx.call(methods.MEMORY_FORGET_CANDIDATES, params)["candidates"]
+        params.limit = a.limit
+    candidates = ctx.request(methods.MEMORY_FORGET_CANDIDATES, params).candidates
     if not candidates:
         if a.json:
             emit_json({"candidates": [], "selected": [], "removed": []})
@@ -233,7 +224,7 @@ def cmd_forget(ctx: Ctx) -> int:
         except BadPick as exc:
             return _fail(ctx, f"{exc}; nothing forgotten", EXIT_USAGE,
                          candidates=candidates)
-    paths = [c["path"] for c in selected]
+    paths = [c.path for c in selected]
     if not a.yes:
         if not sys.stdin.isatty():
             return _fail(ctx, f"refusing to forget {len(paths)} {_plural(len(paths))} without "
@@ -241,7 +232,7 @@ def cmd_forget(ctx: Ctx) -> int:
                          candidates=candidates, selected=paths)
         if not _confirm(len(paths)):
             return _fail(ctx, "nothing forgotten", selected=paths)
-    removed = ctx.call(methods.MEMORY_FORGET, {"cwd": cwd, "paths": paths})["removed"]
+    removed = ctx.request(methods.MEMORY_FORGET, mwire.ForgetParams(cwd=cwd, paths=paths)).removed
     missing = [p for p in paths if p not in set(removed)]
     if a.json:
         emit_json({"candidates": candidates, "selected": paths, "removed": removed})
@@ -254,10 +245,8 @@ def cmd_forget(ctx: Ctx) -> int:
 
 
 def cmd_status(ctx: Ctx) -> int:
-    from qwenctl.cli import emit_json
-
     cwd = command_cwd(ctx)
-    res = ctx.call(methods.MEMORY_STATUS, {"cwd": cwd})
+    res = ctx.request(methods.MEMORY_STATUS, mwire.StatusParams(cwd=cwd))
     if ctx.args.json:
         emit_json(res)
     else:
@@ -267,19 +256,18 @@ def cmd_status(ctx: Ctx) -> int:
 
 def cmd_add(ctx: Ctx) -> int:
     scope = "global" if ctx.args.global_scope else "project"
-    res = ctx.call(methods.INSTRUCTIONS_ADD_MEMORY, {"cwd": command_cwd(ctx), "scope": scope,
-                                               "text": " ".join(ctx.args.text)})
-    emit_result(ctx, res, f"added to {render.short_path(res['path'], None, home_dir())}")
+    res = ctx.request(methods.INSTRUCTIONS_ADD_MEMORY, iwire.AddMemoryParams(
+        cwd=command_cwd(ctx), scope=scope, text=" ".join(ctx.args.text)))
+    emit_result(ctx, res, f"added to {render.short_path(res.path, None, home_dir())}")
     return EXIT_OK
 
 
 def cmd_dream(ctx: Ctx) -> int:
-    from qwenctl.cli import emit_json
-
-    res = ctx.call(methods.MEMORY_DREAM, {"cwd": command_cwd(ctx), "force": bool(ctx.args.force)})
+    res = ctx.request(methods.MEMORY_DREAM, mwire.DreamParams(cwd=command_cwd(ctx),
+                                                              force=bool(ctx.args.force)))
     if ctx.args.json:
         emit_json(res)
-    elif res["scheduled"]:
+    elif res.scheduled:
         sys.stdout.write("dream scheduled; `qwenctl drain` waits for it, "
                          "`qwenctl memory log` shows what it changed\n")
     else:
@@ -300,30 +288,28 @@ DREAM_REASONS = {
 }
 
 
-def dream_skipped_line(res: dict[str, Any]) -> str:
+def dream_skipped_line(res: mwire.DreamScheduledResult) -> str:
     """``dream skipped: REASON (what it means); when it may run again; whether --force helps``."""
-    reason = res.get("skipped_reason") or res.get("reason") or "unknown"
+    reason = res.skipped_reason or res.reason or "unknown"
     parts = [f"dream skipped: {reason}"]
     if reason in DREAM_REASONS:
         parts[0] += f" ({DREAM_REASONS[reason]})"
-    retry = res.get("retry_at")
+    retry = res.retry_at
     if isinstance(retry, int | float):
         left = max(0.0, retry - time.time())
         when = time.strftime("%H:%M:%S", time.localtime(retry))
         parts.append(f"the next attempt is allowed at {when} (in {render.human_duration(left)})")
-    if res.get("force_skips"):
+    if res.force_skips:
         parts.append("`qwenctl memory dream --force` runs it now")
     return "; ".join(parts)
 
 
 def cmd_log(ctx: Ctx) -> int:
-    from qwenctl.cli import emit_json
-
-    res = ctx.call(methods.MEMORY_LOG, {"limit": ctx.args.limit})
+    res = ctx.request(methods.MEMORY_LOG, mwire.LogParams(limit=ctx.args.limit))
     if ctx.args.json:
         emit_json(res)
         return EXIT_OK
-    entries = res["entries"]
+    entries = res.entries  # audit entries as the daemon's log holds them (dicts)
     if not entries:
         sys.stdout.write("no background changes recorded\n")
         return EXIT_OK
@@ -341,14 +327,12 @@ def cmd_log(ctx: Ctx) -> int:
 
 
 def cmd_undo(ctx: Ctx) -> int:
-    from qwenctl.cli import emit_json
-
-    res = ctx.call(methods.MEMORY_UNDO, {"id": ctx.args.id})
+    res = ctx.request(methods.MEMORY_UNDO, mwire.UndoParams(id=ctx.args.id))
     if ctx.args.json:
         emit_json(res)
     else:
-        said = res.get("message") or f"the change is now a {res['action']}"
-        sys.stdout.write(f"restored {res['restored']}: {said}\n")
+        said = res.message or f"the change is now a {res.action}"
+        sys.stdout.write(f"restored {res.restored}: {said}\n")
     return EXIT_OK
 
 

@@ -8,7 +8,10 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
+
+if TYPE_CHECKING:
+    from qwenctxd.protocol.daemon import StatusResult
 
 
 def is_tty() -> bool:
@@ -60,48 +63,49 @@ def table(title: str, rows: list[tuple[str, ...]], headers: tuple[str, ...] | No
     sys.stdout.write("\n".join(out) + "\n")
 
 
-def status(st: dict[str, Any]) -> None:
-    bg = st["background"]
-    model = st.get("model") or {}
-    cfg = st.get("config") or {}
+def status(st: StatusResult) -> None:
+    """``daemon.status`` for people: the daemon, its sessions and its background jobs."""
+    bg = st.background
+    model = st.model
+    cfg = st.config
     rows = [
-        ("state", st.get("state", "?")),
-        ("pid", str(st["pid"])),
-        ("version", f"{st['version']} (protocol {st['protocol']})"),
-        ("uptime", human_duration(st["uptime_s"])),
-        ("socket", st["socket"] + ("  [socket-activated]" if st.get("activated") else "")),
-        ("memory (RSS)", human_bytes(st["rss_bytes"])),
-        ("connections", f"{st.get('connections', 0)} open, {st.get('requests', 0)} requests served"),
-        ("sessions", str(len(st["sessions"]))),
-        ("projects", str(len(st["projects"]))),
-        ("background", f"{len(bg['in_flight'])} running, {bg['queued']} queued, "
-                       f"{bg.get('completed', 0)} done, {bg.get('failed', 0)} failed"),
-        ("last extract", ago(bg.get("last_extract_at"))),
-        ("last dream", ago(bg.get("last_dream_at"))),
+        ("state", st.state),
+        ("pid", str(st.pid)),
+        ("version", f"{st.version} (protocol {st.protocol})"),
+        ("uptime", human_duration(st.uptime_s)),
+        ("socket", st.socket + ("  [socket-activated]" if st.activated else "")),
+        ("memory (RSS)", human_bytes(st.rss_bytes)),
+        ("connections", f"{st.connections} open, {st.requests} requests served"),
+        ("sessions", str(len(st.sessions))),
+        ("projects", str(len(st.projects))),
+        ("background", f"{len(bg.in_flight)} running, {bg.queued} queued, "
+                       f"{bg.completed} done, {bg.failed} failed"),
+        ("last extract", ago(bg.last_extract_at)),
+        ("last dream", ago(bg.last_dream_at)),
         ("model", _model_line(model)),
         *([("endpoint quirks", ", ".join(model["quirks"]))] if model.get("quirks") else []),
-        *([("last failure", "{kind}: {cause}".format(**bg["recent_failures"][-1]))]
-          if bg.get("recent_failures") else []),
-        ("config", f"generation {cfg.get('generation', 0)}, {len(cfg.get('files', []))} files"
-                   + (f"; last error: {cfg['last_error']}" if cfg.get("last_error") else "")),
-        ("watches", f"{st.get('inotify_watches', 0)} inotify watches"),
+        *([("last failure", f"{bg.recent_failures[-1].kind}: {bg.recent_failures[-1].cause}")]
+          if bg.recent_failures else []),
+        ("config", f"generation {cfg.generation if cfg else 0}, "
+                   f"{len(cfg.files) if cfg else 0} files"
+                   + (f"; last error: {cfg.last_error}" if cfg and cfg.last_error else "")),
+        ("watches", f"{st.inotify_watches} inotify watches"),
     ]
     table("qwenctxd status", rows)
-    if st["sessions"]:
+    if st.sessions:
         table(
             "sessions",
             [
-                (s["session_id"][:8], s["cwd"], s["model"], str(s["messages"]),
-                 f"{s['prompt_tokens']}/{s['window_tokens']}", s["level"])
-                for s in st["sessions"]
+                (s.session_id[:8], s.cwd, s.model, str(s.messages),
+                 f"{s.prompt_tokens}/{s.window_tokens}", s.level)
+                for s in st.sessions
             ],
             ("id", "cwd", "model", "msgs", "tokens", "level"),
         )
-    if bg["in_flight"]:
+    if bg.in_flight:
         table(
             "background jobs",
-            [(str(t["id"]), t["kind"], t.get("project") or "-", ago(t["started_at"]))
-             for t in bg["in_flight"]],
+            [(str(t.id), t.kind, t.project or "-", ago(t.started_at)) for t in bg.in_flight],
             ("id", "kind", "project", "started"),
         )
 

@@ -4,11 +4,16 @@ parts table (generic helpers live in :mod:`qwenctl.render`)."""
 from __future__ import annotations
 
 import sys
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, TextIO
+
+import msgspec
 
 from qwenctl.render import (
     table_to,
 )
+
+if TYPE_CHECKING:
+    from qwenctxd.protocol.session import ContextResult
 
 # part name → (label, plain-text letter, rich colour)
 CONTEXT_PARTS: dict[str, tuple[str, str, str]] = {
@@ -113,25 +118,25 @@ WINDOW_SOURCE_WORDS = {
 }
 
 
-def context_report(res: dict[str, Any], *, stream: TextIO | None = None,
+def context_report(res: ContextResult, *, stream: TextIO | None = None,
                    width: int | None = None) -> None:
     """The ``session.context`` result: a one-line bar of the window split into its parts
     (colours on a TTY, one letter per part plus a legend when piped), the threshold markers
     under it, then a table of tokens and shares of the window."""
     out = stream or sys.stdout
     w = context_width(out, width)
-    window = int(res.get("window_tokens") or 0)
-    parts = res.get("parts") or []
-    tokens = [int(p.get("tokens") or 0) for p in parts]
+    window = res.window_tokens
+    parts = res.parts
+    tokens = [p.tokens for p in parts]
     cells, free_cells = context_cells(tokens, window, w)
-    th = res.get("thresholds") or {}
-    used = int(res.get("prompt_tokens") or 0)
+    th = msgspec.structs.asdict(res.thresholds)
+    used = res.prompt_tokens
     pct = f" ({100 * used / window:.1f}%)" if window else ""
-    head = (f"context of session {str(res.get('session_id', ''))[:8]}: {used:,} / {window:,} "
-            f"tokens{pct}, level {res.get('level', '?')}"
-            + (", API-anchored" if res.get("anchored") else ", estimated")
-            + (f"; window from {WINDOW_SOURCE_WORDS.get(res['window_source'], res['window_source'])}"
-               if res.get("window_source") else ""))
+    head = (f"context of session {res.session_id[:8]}: {used:,} / {window:,} "
+            f"tokens{pct}, level {res.level}"
+            + (", API-anchored" if res.anchored else ", estimated")
+            + (f"; window from {WINDOW_SOURCE_WORDS.get(res.window_source, res.window_source)}"
+               if res.window_source else ""))
     marks = context_marks(th, window, w)
     th_line = "thresholds: " + "  ".join(
         f"^{letter} {key} {int(th[key]):,}" + (f" ({100 * th[key] / window:.0f}%)" if window
@@ -146,13 +151,13 @@ def context_report(res: dict[str, Any], *, stream: TextIO | None = None,
         console.print(Text(head))
         bar = Text()
         for p, c in shown:
-            bar.append("█" * c, style=context_part_style(p["name"])[2])
+            bar.append("█" * c, style=context_part_style(p.name)[2])
         bar.append("░" * free_cells, style="dim")
         console.print(bar, no_wrap=True, overflow="crop")
         console.print(Text(marks, style="bold"), no_wrap=True, overflow="crop")
         legend = Text()
         for p, _c in shown:
-            label, _letter, colour = context_part_style(p["name"])
+            label, _letter, colour = context_part_style(p.name)
             legend.append("█ ", style=colour)
             legend.append(label + "  ")
         legend.append("░ ", style="dim")
@@ -160,19 +165,18 @@ def context_report(res: dict[str, Any], *, stream: TextIO | None = None,
         console.print(legend)
         console.print(Text(th_line))
     else:
-        bar_s = "".join(context_part_style(p["name"])[1] * c for p, c in shown)
+        bar_s = "".join(context_part_style(p.name)[1] * c for p, c in shown)
         bar_s += CONTEXT_FREE[1] * free_cells
         legend_s = "legend: " + "  ".join(
-            f"{context_part_style(p['name'])[1]}={context_part_style(p['name'])[0]}"
+            f"{context_part_style(p.name)[1]}={context_part_style(p.name)[0]}"
             for p in parts) + f"  {CONTEXT_FREE[1]}={CONTEXT_FREE[0]}"
         out.write("\n".join([head, bar_s, marks, legend_s, th_line]) + "\n")
     rows: list[tuple[str, ...]] = []
     for p in parts:
-        label, letter, _colour = context_part_style(p["name"])
-        t = int(p.get("tokens") or 0)
-        rows.append((letter, label, f"{t:,}", f"{float(p.get('pct') or 0):.1f}%"))
-    free = int(res.get("free_tokens") or 0)
-    rows.append((CONTEXT_FREE[1], "free", f"{free:,}", f"{float(res.get('free_pct') or 0):.1f}%"))
+        label, letter, _colour = context_part_style(p.name)
+        rows.append((letter, label, f"{p.tokens:,}", f"{p.pct:.1f}%"))
+    free = res.free_tokens
+    rows.append((CONTEXT_FREE[1], "free", f"{free:,}", f"{res.free_pct:.1f}%"))
     rows.append(("", "total in prompt", f"{used:,}",
                  f"{100 * used / window:.1f}%" if window else "-"))
     table_to(out, "parts", rows, ("", "part", "tokens", "% of window"), right=(2, 3),

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from qwenctl.render import (
     _line,
@@ -17,8 +17,11 @@ from qwenctl.render import (
     table_to,
 )
 
+if TYPE_CHECKING:
+    from qwenctxd.protocol.memory import Candidate, ListResult, RecallResult, StatusResult
 
-def memory_problems(stream: TextIO, problems: list[dict[str, Any]], cwd: str | None,
+
+def memory_problems(stream: TextIO, problems: list[dict[str, str]], cwd: str | None,
                     home: str | None) -> None:
     """Memory files that could not be read (``{path, message}``), or ``problems: none``."""
     if not problems:
@@ -29,7 +32,7 @@ def memory_problems(stream: TextIO, problems: list[dict[str, Any]], cwd: str | N
                   ("path", "message"), fold=(0,))
 
 
-def memory_list_report(res: dict[str, Any], *, cwd: str, scope: str | None,
+def memory_list_report(res: ListResult, *, cwd: str, scope: str | None,
                        home: str | None, stream: TextIO | None = None) -> None:
     """The ``memory.list`` result: scope, type, name, age, hits and path of every memory file,
     then the problems."""
@@ -37,51 +40,50 @@ def memory_list_report(res: dict[str, Any], *, cwd: str, scope: str | None,
     title = f"memories for {short_path(cwd, None, home)}"
     if scope:
         title += f" (scope {scope})"
-    docs = res.get("docs") or []
+    docs = res.docs
     if docs:
-        rows = [(d["scope"], d["type"], d["name"], d["age"], str(d.get("hits", 0)),
-                 short_path(d["path"], None, home)) for d in docs]
+        rows = [(d.scope, d.type, d.name, d.age, str(d.hits), short_path(d.path, None, home))
+                for d in docs]
         table_fold_to(out, f"{title}: {len(docs)}", rows,
                       ("scope", "type", "name", "age", "hits", "path"), right=(4,),
                       nowrap=(0, 1, 3, 4), fold=(5,))
     else:
         _line(out, f"{title}: none")
-    memory_problems(out, res.get("problems") or [], None, home)
+    memory_problems(out, res.problems, None, home)
 
 
-def memory_recall_report(res: dict[str, Any], *, home: str | None, show_prompt: bool = False,
+def memory_recall_report(res: RecallResult, *, home: str | None, show_prompt: bool = False,
                          stream: TextIO | None = None) -> None:
     """The ``memory.recall`` result: the strategy (and why it fell back), the recalled
     documents with their lexical scores, and with ``show_prompt`` the rendered block."""
     out = stream or sys.stdout
-    line = f"strategy: {res['strategy']}"
-    if res.get("fell_back"):
-        line += f" (fell back: {res['fell_back']})"
+    line = f"strategy: {res.strategy}"
+    if res.fell_back:
+        line += f" (fell back: {res.fell_back})"
     _line(out, line)
-    docs = res.get("docs") or []
+    docs = res.docs
     if docs:
-        rows = [(str(n), d["scope"], d["type"], d["name"],
-                 "-" if d.get("score") is None else f"{d['score']:.3f}",
-                 short_path(d["path"], None, home)) for n, d in enumerate(docs, 1)]
+        rows = [(str(n), d.scope, d.type, d.name, "-" if d.score is None else f"{d.score:.3f}",
+                 short_path(d.path, None, home)) for n, d in enumerate(docs, 1)]
         table_fold_to(out, f"recalled: {len(docs)}", rows,
                       ("#", "scope", "type", "name", "score", "path"), right=(0, 4),
                       nowrap=(0, 1, 2, 4), fold=(5,))
     else:
         _line(out, "recalled: none")
     if show_prompt:
-        prompt = res.get("prompt") or ""
+        prompt = res.prompt or ""
         if prompt:
             out.write("\n" + prompt + ("" if prompt.endswith("\n") else "\n"))
         else:
             _line(out, "prompt: (empty)")
 
 
-def memory_candidates(candidates: list[dict[str, Any]], *, query: str, home: str | None,
+def memory_candidates(candidates: list[Candidate], *, query: str, home: str | None,
                       stream: TextIO | None = None) -> None:
     """``memory.forget_candidates``, numbered (the numbers ``--pick`` takes)."""
     out = stream or sys.stdout
     n = len(candidates)
-    rows = [(str(i), c["scope"], c["name"], c["reason"], short_path(c["path"], None, home))
+    rows = [(str(i), c.scope, c.name, c.reason, short_path(c.path, None, home))
             for i, c in enumerate(candidates, 1)]
     table_fold_to(out, f"{n} {'memory matches' if n == 1 else 'memories match'} {query!r}",
                   rows, ("#", "scope", "name", "reason", "path"), right=(0,), nowrap=(0, 1),
@@ -109,13 +111,13 @@ def memory_cursor(cursor: dict[str, Any] | None) -> str:
     return line
 
 
-def memory_status_report(res: dict[str, Any], *, cwd: str, home: str | None,
+def memory_status_report(res: StatusResult, *, cwd: str, home: str | None,
                          stream: TextIO | None = None) -> None:
     """The ``memory.status`` result: roots, counts per scope, index size, last dream, extract
     cursor, lock; then the problems."""
     out = stream or sys.stdout
-    roots = res.get("roots") or {}
-    counts = res.get("counts") or {}
+    roots = res.roots
+    counts = res.counts
     rows: list[tuple[str, ...]] = []
     for scope in ("project", "user", "team"):
         root = roots.get(scope)
@@ -125,12 +127,12 @@ def memory_status_report(res: dict[str, Any], *, cwd: str, home: str | None,
     total = sum(int(v) for v in counts.values())
     rows.append(("memories", ", ".join(f"{s} {counts.get(s, 0)}" for s in scopes)
                  + f" ({total} total)"))
-    rows.append(("index size", f"{human_bytes(int(res.get('index_bytes') or 0))} (MEMORY.md)"))
-    rows.append(("last dream", _when(res.get("last_dream_at"))))
-    if res.get("sessions_since_dream") is not None:
-        rows.append(("sessions since dream", str(res["sessions_since_dream"])))
-    rows.append(("extract cursor", memory_cursor(res.get("cursor"))))
-    lock = res.get("lock")
+    rows.append(("index size", f"{human_bytes(res.index_bytes)} (MEMORY.md)"))
+    rows.append(("last dream", _when(res.last_dream_at)))
+    if res.sessions_since_dream is not None:
+        rows.append(("sessions since dream", str(res.sessions_since_dream)))
+    rows.append(("extract cursor", memory_cursor(res.cursor)))
+    lock = res.lock
     rows.append(("lock", ", ".join(f"{k}={v}" for k, v in lock.items()) if lock else "none"))
     table_to(out, f"memory status for {short_path(cwd, None, home)}", rows, nowrap=(0,))
-    memory_problems(out, res.get("problems") or [], None, home)
+    memory_problems(out, res.problems, None, home)

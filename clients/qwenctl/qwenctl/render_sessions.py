@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from qwenctl.render import (
     _line,
@@ -15,8 +15,12 @@ from qwenctl.render import (
     table_to,
 )
 
+if TYPE_CHECKING:
+    from qwenctxd.protocol.daemon import SessionSummary
+    from qwenctxd.protocol.session import SessionInfo
 
-def sessions_table(sessions: list[dict[str, Any]], *, title: str, home: str | None,
+
+def sessions_table(sessions: list[SessionInfo], *, title: str, home: str | None,
                    stream: TextIO | None = None) -> None:
     """``session.list`` rows: short id, updated, messages, open/closed, title, cwd."""
     out = stream or sys.stdout
@@ -24,16 +28,16 @@ def sessions_table(sessions: list[dict[str, Any]], *, title: str, home: str | No
         _line(out, f"{title}: none")
         return
     rows = [
-        (s["session_id"][:8], relative_time(s.get("updated_at")), str(s.get("messages", 0)),
-         "open" if s.get("open") else "closed", s.get("title") or "-",
-         short_path(s["cwd"], None, home) if s.get("cwd") else "-")
+        (s.session_id[:8], relative_time(s.updated_at), str(s.messages),
+         "open" if s.open else "closed", s.title or "-",
+         short_path(s.cwd, None, home) if s.cwd else "-")
         for s in sessions
     ]
     table_to(out, title, rows, ("id", "updated", "msgs", "state", "title", "cwd"),
              right=(2,), nowrap=(0, 1, 5))
 
 
-def session_detail(row: dict[str, Any], live: dict[str, Any] | None, *, home: str | None,
+def session_detail(row: SessionInfo, live: SessionSummary | None, *, home: str | None,
                    stream: TextIO | None = None) -> None:
     """One session: its list row, plus model, tokens and level when open in the daemon."""
     out = stream or sys.stdout
@@ -45,20 +49,20 @@ def session_detail(row: dict[str, Any], live: dict[str, Any] | None, *, home: st
         return f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(ts))} ({relative_time(value)})"
 
     rows: list[tuple[str, ...]] = [
-        ("id", row["session_id"]),
-        ("cwd", short_path(row["cwd"], None, home) if row.get("cwd") else "-"),
-        ("title", row.get("title") or "-"),
-        ("messages", str(row.get("messages", 0))),
-        ("started", when(row.get("started_at"))),
-        ("updated", when(row.get("updated_at"))),
-        ("state", "open in the daemon" if row.get("open") else "closed"),
+        ("id", row.session_id),
+        ("cwd", short_path(row.cwd, None, home) if row.cwd else "-"),
+        ("title", row.title or "-"),
+        ("messages", str(row.messages)),
+        ("started", when(row.started_at)),
+        ("updated", when(row.updated_at)),
+        ("state", "open in the daemon" if row.open else "closed"),
     ]
     if live:
-        used, window = int(live.get("prompt_tokens") or 0), int(live.get("window_tokens") or 0)
+        used, window = live.prompt_tokens, live.window_tokens
         pct = f" ({100 * used / window:.1f}%)" if window else ""
         rows += [
-            ("model", str(live.get("model") or "-")),
+            ("model", live.model or "-"),
             ("tokens", f"{used:,} / {window:,}{pct}"),
-            ("level", str(live.get("level") or "-")),
+            ("level", live.level or "-"),
         ]
-    table_to(out, f"session {row['session_id'][:8]}", rows, nowrap=(0,))
+    table_to(out, f"session {row.session_id[:8]}", rows, nowrap=(0,))

@@ -9,9 +9,12 @@ and compactions as a marker line. Long texts (tool output, mostly) are cut to
 from __future__ import annotations
 
 import time
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from qwenctl.render import parse_iso
+
+if TYPE_CHECKING:
+    from qwenctxd.protocol.session import TranscriptResult
 
 MAX_LINES = 12
 AROUND = 2  # entries shown on each side of ``--around ENTRY``
@@ -33,11 +36,11 @@ def _body(text: str, full: bool) -> list[str]:
     return [INDENT + ln for ln in lines]
 
 
-def transcript(res: dict[str, Any], *, stream: TextIO, full: bool = False,
+def transcript(res: TranscriptResult, *, stream: TextIO, full: bool = False,
                around: int | None = None) -> None:
     """``around``: only the entries within :data:`AROUND` of that entry index (a search
     hit's), the hit marked ``▶``."""
-    entries = res.get("entries") or []
+    entries = res.entries
     shown = f", around entry {around}" if around is not None else ""
     stream.write(f"\ntranscript ({len(entries)} entries{shown})\n")
     if not entries:
@@ -45,27 +48,27 @@ def transcript(res: dict[str, Any], *, stream: TextIO, full: bool = False,
     n = 0
     for i, e in enumerate(entries):
         if around is not None and abs(i - around) > AROUND:
-            n += e.get("kind") != "compression"
+            n += e.kind != "compression"
             continue
-        if e.get("kind") == "compression":
-            stream.write(f"\n-- {e.get('text')}  {_when(e.get('time'))} --\n")
+        if e.kind == "compression":
+            stream.write(f"\n-- {e.text}  {_when(e.time)} --\n")
             continue
         n += 1
-        role = e.get("role") or "?"
+        role = e.role or "?"
         label = role
         if role == "tool":
-            label = f"tool result: {e.get('name') or '?'}"
-        elif role == "assistant" and e.get("model"):
-            label = f"assistant ({e['model']})"
+            label = f"tool result: {e.name or '?'}"
+        elif role == "assistant" and e.model:
+            label = f"assistant ({e.model})"
         mark = "▶ " if i == around else ""
-        stream.write(f"\n{mark}[{n}] {label}  {_when(e.get('time'))}".rstrip() + "\n")
-        text = e.get("text") or ""
+        stream.write(f"\n{mark}[{n}] {label}  {_when(e.time)}".rstrip() + "\n")
+        text = e.text or ""
         if text:
             stream.write("\n".join(_body(text, full)) + "\n")
-        for c in e.get("tool_calls") or []:
-            args = c.get("arguments") or ""
+        for c in e.tool_calls:
+            args = c.arguments or ""
             if not full and len(args) > MAX_ARG_CHARS:
                 args = args[:MAX_ARG_CHARS] + "…"
-            stream.write(f"{INDENT}→ {c.get('name')}({args})\n")
-    if res.get("torn_lines"):
-        stream.write(f"\n({res['torn_lines']} unreadable line(s) of {res.get('path')} skipped)\n")
+            stream.write(f"{INDENT}→ {c.name}({args})\n")
+    if res.torn_lines:
+        stream.write(f"\n({res.torn_lines} unreadable line(s) of {res.path} skipped)\n")

@@ -12,11 +12,12 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, Any
 
+from qwenctl.context import emit_json
 from qwenctl.daemon_link import EXIT_OK, EXIT_USAGE
 from qwenctxd.protocol import methods as table
 
 if TYPE_CHECKING:
-    from qwenctl.cli import Ctx
+    from qwenctl.context import Ctx
 
 
 def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
@@ -55,9 +56,7 @@ def type_label(schema: dict[str, Any]) -> str:
 
 
 def cmd_methods(ctx: Ctx) -> int:
-    from qwenctl.cli import emit_json
-
-    doc = ctx.call(table.RPC_DISCOVER)
+    doc = ctx.request(table.RPC_DISCOVER)  # a JSON Schema document: its type is a dict
     served = {m["name"]: m for m in doc["methods"]}
     name = ctx.args.name
     if name is None:
@@ -89,8 +88,6 @@ def cmd_methods(ctx: Ctx) -> int:
 def cmd_call(ctx: Ctx) -> int:
     import json
 
-    from qwenctl.cli import emit_json
-
     raw = ctx.args.params
     params: Any = None
     if raw is not None:
@@ -103,5 +100,6 @@ def cmd_call(ctx: Ctx) -> int:
         if not isinstance(params, dict | list):
             sys.stderr.write("qwenctl: PARAMS must be a JSON object (or array)\n")
             return EXIT_USAGE
-    emit_json(ctx.call(ctx.args.method, params))
+    # the one raw call of qwenctl: any wire name the user types, with the JSON they typed
+    emit_json(ctx.client().call(ctx.args.method, params))
     return EXIT_OK

@@ -18,8 +18,6 @@ import time
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TextIO
 
-import msgspec
-
 from qwenctl import render
 from qwenctl.cmdutil import home_dir
 from qwenctl.daemon_link import EXIT_OK, EXIT_USAGE
@@ -27,8 +25,7 @@ from qwenctxd.protocol import methods
 from qwenctxd.protocol import session as wire
 
 if TYPE_CHECKING:
-    from qwenctl.cli import Ctx
-    from qwenctxd.client import Client
+    from qwenctl.context import Ctx
 
 ROLES = ("user", "assistant", "tool")
 _SPAN = re.compile(r"^\s*(\d+)\s*([mhdw])\s*$")
@@ -68,12 +65,8 @@ def query_words(query: str) -> list[str]:
     return [a or b for a, b in _WORDS.findall(query) if (a or b).strip('"')]
 
 
-def run_search(client: Client, params: wire.SearchParams) -> wire.SearchResult:
-    return client.request(methods.SESSION_SEARCH, params)
-
-
 def cmd_search(ctx: Ctx) -> int:
-    from qwenctl.cli import emit_json
+    from qwenctl.context import emit_json
 
     a = ctx.args
     query = " ".join(a.query)
@@ -87,7 +80,7 @@ def cmd_search(ctx: Ctx) -> int:
         return EXIT_USAGE
     params = wire.SearchParams(query=query, cwd=cwd, roles=a.roles or ["user", "assistant"],
                                since=since_iso(a.since) if a.since else None, limit=a.limit)
-    res = run_search(ctx.client(), params)
+    res = ctx.request(methods.SESSION_SEARCH, params)
     if a.json:
         emit_json(res)
         return EXIT_OK
@@ -131,16 +124,14 @@ def hits_table(res: wire.SearchResult, *, query: str, scope: str, stream: TextIO
                  f"{first.session_id[:8]} --messages --around {first.entry}\n")
 
 
-def agent_params(query: str, *, limit: int, all_projects: bool, cwd: str) -> dict[str, Any]:
+def agent_params(query: str, *, limit: int, all_projects: bool, cwd: str) -> wire.SearchParams:
     """The MCP tool ``search_sessions``' arguments as ``session.search`` params."""
-    params = wire.SearchParams(query=query, cwd=None if all_projects else cwd,
-                               limit=max(1, min(int(limit), 100)))
-    return msgspec.to_builtins(params)  # type: ignore[no-any-return]
+    return wire.SearchParams(query=query, cwd=None if all_projects else cwd,
+                             limit=max(1, min(int(limit), 100)))
 
 
-def agent_text(raw: Any, query: str) -> str:
+def agent_text(res: wire.SearchResult, query: str) -> str:
     """The hits as text for a model: one block per hit (session, entry, when, role, snippet)."""
-    res = msgspec.convert(raw, wire.SearchResult)
     if not res.hits:
         return f"No past session mentions {query!r}."
     lines = [f"{len(res.hits)} past session entr{'y' if len(res.hits) == 1 else 'ies'} "

@@ -12,16 +12,22 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from qwenctl import render, render_sessions, search_cmds
 from qwenctl.cmdutil import emit_result, home_dir
+from qwenctl.context import emit_json, wire
 from qwenctl.daemon_link import EXIT_DAEMON_ERROR, EXIT_OK
+from qwenctxd.protocol import daemon as dwire
 from qwenctxd.protocol import methods
+from qwenctxd.protocol import session as swire
 
 if TYPE_CHECKING:
-    from qwenctl.cli import Ctx
+    from qwenctl.context import Ctx
     from qwenctxd.protocol.methods import Method
+
+P = TypeVar("P")
+R = TypeVar("R")
 
 UNKNOWN_MODEL = "unknown"
 
@@ -83,59 +89,65 @@ def _err(text: str) -> None:
 
 
 def _fail(ctx: Ctx, message: str, **data: Any) -> int:
-    from qwenctl.cli import emit_json
-
     _err(message)
     if ctx.args.json:
         emit_json({"error": {"code": None, "message": message, "data": data or None}})
     return EXIT_DAEMON_ERROR
 
 
-def resolve(rows: list[dict[str, Any]], ref: str) -> dict[str, Any]:
+def resolve(rows: list[swire.SessionInfo], ref: str) -> swire.SessionInfo:
     """The row whose id is ``ref`` or starts with it (case-insensitive); else :class:`Resolve`."""
     key = ref.strip().lower()
     if not key:
         raise Resolve("an empty session id matches nothing", [])
-    exact = [r for r in rows if r["session_id"].lower() == key]
+    exact = [r for r in rows if r.session_id.lower() == key]
     if exact:
         return exact[0]
-    found = [r for r in rows if r["session_id"].lower().startswith(key)]
+    found = [r for r in rows if r.session_id.lower().startswith(key)]
     if len(found) == 1:
         return found[0]
     if not found:
         raise Resolve(f"no session matches {ref!r} (see `qwenctl sessions --all`)", [])
-    ids = [r["session_id"] for r in found]
+    ids = [r.session_id for r in found]
     shown = ", ".join(ids[:5]) + (f", … ({len(ids) - 5} more)" if len(ids) > 5 else "")
     raise Resolve(f"session id prefix {ref!r} is ambiguous: it matches {len(ids)} sessions "
                   f"({shown}); give more characters", ids)
 
 
-def _row(ctx: Ctx) -> dict[str, Any]:
-    return resolve(ctx.call(methods.SESSION_LIST, {})["sessions"], ctx.args.session)
+def sessions(ctx: Ctx) -> list[swire.SessionInfo]:
+    """Every project's recorded sessions (``session.list`` without a cwd)."""
+    return ctx.request(methods.SESSION_LIST, swire.ListParams()).sessions
 
 
-def _live(ctx: Ctx, session_id: str) -> dict[str, Any] | None:
+def _row(ctx: Ctx) -> swire.SessionInfo:
+    return resolve(sessions(ctx), ctx.args.session)
+
+
+def _live(ctx: Ctx, session_id: str) -> dwire.SessionSummary | None:
     """The session's entry in ``daemon.status`` when it is open there."""
-    for s in ctx.call(methods.DAEMON_STATUS).get("sessions") or []:
-        if s.get("session_id") == session_id:
-            return dict(s)
+    for s in ctx.request(methods.DAEMON_STATUS).sessions:
+        if s.session_id == session_id:
+            return s
     return None
 
 
-def with_open_session(ctx: Ctx, row: dict[str, Any], method: Method[Any, Any]
-                      ) -> dict[str, Any]:
-    """Call ``method {session_id}``; a session not open in the daemon is resumed for the call
-    and closed again after it."""
-    sid = row["session_id"]
-    if row.get("open"):
-        return ctx.call(method, {"session_id": sid})  # type: ignore[no-any-return]
-    ctx.call(methods.SESSION_OPEN, {"cwd": row["cwd"], "model": row.get("model") or UNKNOWN_MODEL,
-                                    "session_id": sid, "resume": True})
+def with_open_session(ctx: Ctx, row: swire.SessionInfo, method: Method[P, R],
+                      params: P | None = None) -> R:
+    """Call ``method`` with ``params`` (default: ``{session_id}``); a session not open in the
+    daemon is resumed for the call and closed again after it (with the placeholder model:
+    ``session.list`` carries none)."""
+    sid = row.session_id
+    by_id = swire.SessionIdParams(session_id=sid)
+    call_params: Any = by_id if params is None else params
+    if row.open:
+        return ctx.request(method, call_params)
+    ctx.request(methods.SESSION_OPEN, swire.OpenParams(cwd=row.cwd, model=UNKNOWN_MODEL,
+                                                       session_id=sid, resume=True))
     try:
-        return ctx.call(method, {"session_id": sid})  # type: ignore[no-any-return]
+        return ctx.request(method, call_params)
     finally:
         try:
-            ctx.call(methods.SESSION_CLOSE, {"session_id": sid})
+            ctx.request(methods.SESSION_CLOSE, by_id)
         except Exception as exc:  # noqa: BLE001 - the answer matters more than the cleanup
             _err(f"warning: could not close session {sid} again: {exc}")
 
@@ -150,33 +162,30 @@ def cmd_sessions(ctx: Ctx) -> int:
 
 
 def cmd_list(ctx: Ctx) -> int:
-    from qwenctl.cli import emit_json
-
     a = ctx.args
     home = home_dir()
     if getattr(a, "all", False):
-        res = ctx.call(methods.SESSION_LIST, {})
+        res = ctx.request(methods.SESSION_LIST, swire.ListParams())
         title = "sessions (all projects)"
     else:
         cwd = os.path.abspath(a.cwd) if getattr(a, "cwd", None) else os.getcwd()
-        res = ctx.call(methods.SESSION_LIST, {"cwd": cwd})
+        res = ctx.request(methods.SESSION_LIST, swire.ListParams(cwd=cwd))
         title = f"sessions in {render.short_path(cwd, None, home)}"
     if a.json:
         emit_json(res)
     else:
-        render_sessions.sessions_table(res["sessions"], title=title, home=home, stream=sys.stdout)
+        render_sessions.sessions_table(res.sessions, title=title, home=home, stream=sys.stdout)
     return EXIT_OK
 
 
 def cmd_show(ctx: Ctx) -> int:
-    from qwenctl.cli import emit_json
-
     row = _row(ctx)
-    live = _live(ctx, row["session_id"]) if row.get("open") else None
+    live = _live(ctx, row.session_id) if row.open else None
     messages = getattr(ctx.args, "messages", False)
-    tr = ctx.call(methods.SESSION_TRANSCRIPT, {"session_id": row["session_id"]}) if messages else None
+    tr = (ctx.request(methods.SESSION_TRANSCRIPT, swire.SessionIdParams(session_id=row.session_id))
+          if messages else None)
     if ctx.args.json:
-        emit_json({**row, "live": live, **({"transcript": tr} if tr is not None else {})})
+        emit_json({**wire(row), "live": live, **({"transcript": tr} if tr is not None else {})})
     else:
         render_sessions.session_detail(row, live, home=home_dir(), stream=sys.stdout)
         if tr is not None:
@@ -189,43 +198,39 @@ def cmd_show(ctx: Ctx) -> int:
 
 
 def cmd_recap(ctx: Ctx) -> int:
-    from qwenctl.cli import emit_json
-
     row = _row(ctx)
     res = with_open_session(ctx, row, methods.SESSION_RECAP)
-    status = res.get("status")
+    status = res.status
     if ctx.args.json:
         emit_json(res)
     if status == "ok":
         if not ctx.args.json:
-            sys.stdout.write(f"{res['text']}\n")
+            sys.stdout.write(f"{res.text}\n")
         return EXIT_OK
     if status == "unavailable":
-        _err(f"recap unavailable: {res.get('reason') or 'unknown reason'}")
+        _err(f"recap unavailable: {res.reason or 'unknown reason'}")
         return EXIT_DAEMON_ERROR
     # "empty": nothing to recap (no dialog yet, or the model gave no usable recap)
-    _err(f"nothing to recap ({res.get('reason') or status})")
+    _err(f"nothing to recap ({res.reason or status})")
     return EXIT_OK
 
 
 def cmd_delete(ctx: Ctx) -> int:
-    from qwenctl.cli import emit_json
-
     row = _row(ctx)
-    sid = row["session_id"]
+    sid = row.session_id
     if not ctx.args.yes:
         if not sys.stdin.isatty():
             return _fail(ctx, f"refusing to delete session {sid} without --yes "
                               "(stdin is not a terminal to ask on)")
-        sys.stderr.write(f"delete session {sid} ({row.get('messages', 0)} messages)? [y/N] ")
+        sys.stderr.write(f"delete session {sid} ({row.messages} messages)? [y/N] ")
         sys.stderr.flush()
         answer = sys.stdin.readline().strip().lower()
         if answer not in ("y", "yes"):
             return _fail(ctx, "not deleted")
-    res = ctx.call(methods.SESSION_DELETE, {"session_id": sid})
+    res = ctx.request(methods.SESSION_DELETE, swire.SessionIdParams(session_id=sid))
     if ctx.args.json:
-        emit_json({"session_id": sid, **res})
-    if not res.get("deleted"):
+        emit_json({"session_id": sid, **wire(res)})
+    if not res.deleted:
         _err(f"session {sid} had no record file left; removed it from the index")
         return EXIT_DAEMON_ERROR
     if not ctx.args.json:
@@ -235,21 +240,19 @@ def cmd_delete(ctx: Ctx) -> int:
 
 def cmd_title(ctx: Ctx) -> int:
     row = _row(ctx)
-    res = ctx.call(methods.SESSION_SET_TITLE, {"session_id": row["session_id"],
-                                               "title": " ".join(ctx.args.title)})
-    emit_result(ctx, res, f"{res['session_id'][:8]}  {res['title']}")
+    res = ctx.request(methods.SESSION_SET_TITLE, swire.SetTitleParams(
+        session_id=row.session_id, title=" ".join(ctx.args.title)))
+    emit_result(ctx, res, f"{res.session_id[:8]}  {res.title}")
     return EXIT_OK
 
 
 def cmd_summary(ctx: Ctx) -> int:
-    from qwenctl.cli import emit_json
-
     row = _row(ctx)
     res = with_open_session(ctx, row, methods.SESSION_PROJECT_SUMMARY)
     if ctx.args.json:
         emit_json(res)
         return EXIT_OK
-    sys.stdout.write(f"saved {res['path']}\n\n{res['text'].rstrip()}\n")
+    sys.stdout.write(f"saved {res.path}\n\n{res.text.rstrip()}\n")
     return EXIT_OK
 
 

@@ -21,11 +21,13 @@ from typing import TYPE_CHECKING, Any
 
 from qwenctl import render, render_skills
 from qwenctl.cmdutil import command_cwd, home_dir
+from qwenctl.context import emit_json, wire
 from qwenctl.daemon_link import EXIT_OK
 from qwenctxd.protocol import methods
+from qwenctxd.protocol import skills as kwire
 
 if TYPE_CHECKING:
-    from qwenctl.cli import Ctx
+    from qwenctl.context import Ctx
 
 
 
@@ -78,10 +80,8 @@ def cmd_skills(ctx: Ctx) -> int:
 
 
 def cmd_list(ctx: Ctx) -> int:
-    from qwenctl.cli import emit_json
-
     cwd = command_cwd(ctx)
-    res = ctx.call(methods.SKILLS_LIST, {"cwd": cwd})
+    res = ctx.request(methods.SKILLS_LIST, kwire.ListParams(cwd=cwd))
     if ctx.args.json:
         emit_json(res)
     else:
@@ -90,66 +90,69 @@ def cmd_list(ctx: Ctx) -> int:
 
 
 def cmd_show(ctx: Ctx) -> int:
-    from qwenctl.cli import emit_json
-
     cwd = command_cwd(ctx)
     name = ctx.args.name
     # load first: an unknown name is the daemon's error (with the known names) -> exit 1
-    loaded = ctx.call(methods.SKILLS_LOAD, {"cwd": cwd, "name": name})
-    listed = ctx.call(methods.SKILLS_LIST, {"cwd": cwd})
-    info = next((s for s in listed["skills"] if s["name"] == loaded["name"]), None)
-    shadowed = [s for s in listed.get("shadowed") or [] if s["name"] == loaded["name"]]
+    loaded = ctx.request(methods.SKILLS_LOAD, kwire.LoadParams(cwd=cwd, name=name))
+    listed = ctx.request(methods.SKILLS_LIST, kwire.ListParams(cwd=cwd))
+    info = next((s for s in listed.skills if s.name == loaded.name), None)
+    shadowed = [s for s in listed.shadowed if s.name == loaded.name]
     if ctx.args.json:
-        emit_json({**(info or {"name": loaded["name"]}), "base_dir": loaded["base_dir"],
-                   "content": loaded["content"], "shadowed": shadowed})
+        emit_json({**(wire(info) if info else {"name": loaded.name}), "base_dir": loaded.base_dir,
+                   "content": loaded.content, "shadowed": shadowed})
         return EXIT_OK
     render_skills.skill_detail(info, loaded, shadowed, cwd=cwd, home=home_dir(), stream=sys.stdout)
     return EXIT_OK
 
 
 def cmd_review(ctx: Ctx) -> int:
-    from qwenctl.cli import emit_json
-
     action = getattr(ctx.args, "review_command", None) or "list"
     if action == "run":
-        res = ctx.call(methods.SKILLS_REVIEW_RUN, {"session_id": ctx.args.session_id})
+        res = ctx.request(methods.SKILLS_REVIEW_RUN,
+                          kwire.ReviewRunParams(session_id=ctx.args.session_id))
         if ctx.args.json:
             emit_json(res)
-        elif res["scheduled"]:
+        elif res.scheduled:
             sys.stdout.write("skill review scheduled\n")
         else:
-            sys.stdout.write(f"skill review skipped: {res.get('reason')}\n")
+            sys.stdout.write(f"skill review skipped: {res.reason}\n")
         return EXIT_OK
     cwd = command_cwd(ctx)
-    if action in ("accept", "discard"):
-        res = ctx.call(f"skills.review.{action}", {"cwd": cwd, "draft_id": ctx.args.draft_id})
+    if action == "accept":
+        draft = kwire.ReviewDraftParams(cwd=cwd, draft_id=ctx.args.draft_id)
+        accepted = ctx.request(methods.SKILLS_REVIEW_ACCEPT, draft)
         if ctx.args.json:
-            emit_json(res)
-        elif action == "accept":
-            sys.stdout.write(f"accepted {ctx.args.draft_id}: {res['path']}\n")
+            emit_json(accepted)
+        else:
+            sys.stdout.write(f"accepted {ctx.args.draft_id}: {accepted.path}\n")
+        return EXIT_OK
+    if action == "discard":
+        draft = kwire.ReviewDraftParams(cwd=cwd, draft_id=ctx.args.draft_id)
+        discarded = ctx.request(methods.SKILLS_REVIEW_DISCARD, draft)
+        if ctx.args.json:
+            emit_json(discarded)
         else:
             sys.stdout.write(f"discarded {ctx.args.draft_id}\n")
         return EXIT_OK
-    res = ctx.call(methods.SKILLS_REVIEW_LIST, {"cwd": cwd})
+    listed = ctx.request(methods.SKILLS_REVIEW_LIST, kwire.ReviewListParams(cwd=cwd))
     if ctx.args.json:
-        emit_json(res)
+        emit_json(listed)
         return EXIT_OK
-    drafts = res.get("drafts") or []
+    drafts = listed.drafts
     if not drafts:
         sys.stdout.write("skill drafts: none\n")
         return EXIT_OK
     home = home_dir()
-    rows = [(d["id"], d["name"] + ("*" if d.get("updates_existing") else "")
-             + ("!" if d.get("problem") else ""),
-             render.first_line(d.get("description") or ""),
-             render.short_path(d["path"], None, home)) for d in drafts]
+    rows = [(d.id, d.name + ("*" if d.updates_existing else "") + ("!" if d.problem else ""),
+             render.first_line(d.description or ""),
+             render.short_path(d.path, None, home)) for d in drafts]
     render.table_to(sys.stdout, f"skill drafts ({len(drafts)})", rows,
                     ("id", "name", "description", "path"), nowrap=(0, 1, 3))
-    if any(d.get("updates_existing") for d in drafts):
+    if any(d.updates_existing for d in drafts):
         sys.stdout.write("* updates an existing project skill\n")
     for d in drafts:
-        if d.get("problem"):
-            sys.stdout.write(f"! {d['id']}: {d['problem']}\n")
+        if d.problem:
+            sys.stdout.write(f"! {d.id}: {d.problem}\n")
     sys.stdout.write("accept: qwenctl skills review accept ID   "
                      "discard: qwenctl skills review discard ID\n")
     return EXIT_OK

@@ -12,24 +12,34 @@ import anyio
 
 from qwenctxd.protocol import methods
 from qwenctxd.protocol.debug import PublishParams, SleepTaskParams, SleepTaskResult
-from qwenctxd.server.dispatch import bind
+from qwenctxd.server.dispatch import handler
 
 if TYPE_CHECKING:
-    from qwenctxd.server.app import Daemon
+    from qwenctxd.events import EventBus
     from qwenctxd.server.connection import Connection
+    from qwenctxd.tasks import TaskRegistry
 
 
-def register(daemon: Daemon) -> None:
-    async def sleep_task(ctx: Connection, p: SleepTaskParams) -> SleepTaskResult:
+class DebugHandlers:
+    def __init__(self, *, tasks: TaskRegistry, bus: EventBus) -> None:
+        self.tasks = tasks
+        self.bus = bus
+
+    @handler(methods.DEBUG_SLEEP_TASK)
+    async def sleep_task(self, ctx: Connection, p: SleepTaskParams) -> SleepTaskResult:
         async def job() -> None:
-            await anyio.sleep(p.seconds)
+            if p.until_exists is None:
+                await anyio.sleep(p.seconds)
+                return
+            release = anyio.Path(p.until_exists)
+            with anyio.move_on_after(p.seconds):
+                while not await release.exists():  # noqa: ASYNC110 - a path, not an event
+                    await anyio.sleep(0.01)
 
-        rec = daemon.tasks.submit(p.kind, job, description=f"sleep {p.seconds}s", key=p.key)
+        rec = self.tasks.submit(p.kind, job, description=f"sleep {p.seconds}s", key=p.key)
         return SleepTaskResult(task_id=rec.id)
 
-    async def publish(ctx: Connection, p: PublishParams) -> dict[str, bool]:
-        daemon.bus.publish(p.topic, p.params)
+    @handler(methods.DEBUG_PUBLISH)
+    async def publish(self, ctx: Connection, p: PublishParams) -> dict[str, bool]:
+        self.bus.publish(p.topic, p.params)
         return {"ok": True}
-
-    daemon.dispatcher.register(bind(methods.DEBUG_SLEEP_TASK, sleep_task))
-    daemon.dispatcher.register(bind(methods.DEBUG_PUBLISH, publish))

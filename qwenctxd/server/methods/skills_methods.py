@@ -6,14 +6,17 @@ from typing import TYPE_CHECKING
 
 from qwenctxd.protocol import errors, methods
 from qwenctxd.protocol import skills as wire
-from qwenctxd.server.dispatch import bind
-from qwenctxd.server.methods.instructions_methods import checked_cwd
+from qwenctxd.server.dispatch import handler
+from qwenctxd.server.methods.instructions_methods import checked_project
 from qwenctxd.skills import listing
 from qwenctxd.skills.model import Skill
 
 if TYPE_CHECKING:
-    from qwenctxd.server.app import Daemon
+    from qwenctxd.project import ProjectRegistry
     from qwenctxd.server.connection import Connection
+    from qwenctxd.sessions.manager import SessionManager
+    from qwenctxd.sessions.state import Session
+    from qwenctxd.skills.service import SkillsService
 
 
 def _info(k: Skill, active: bool) -> wire.SkillInfo:
@@ -22,17 +25,21 @@ def _info(k: Skill, active: bool) -> wire.SkillInfo:
                           paths=list(k.paths), model_invocable=not k.disable_model_invocation)
 
 
-def register(daemon: Daemon) -> None:
-    service = daemon.skills
+class SkillsHandlers:
+    def __init__(self, *, skills: SkillsService, sessions: SessionManager,
+                 projects: ProjectRegistry) -> None:
+        self.skills = skills
+        self.sessions = sessions
+        self.projects = projects
 
-    def session_for(session_id: str | None):  # type: ignore[no-untyped-def]
-        return daemon.sessions.get(session_id) if session_id else None
+    def session_for(self, session_id: str | None) -> Session | None:
+        return self.sessions.get(session_id) if session_id else None
 
-    async def list_(ctx: Connection, p: wire.ListParams) -> wire.ListResult:
-        cwd = checked_cwd(p.cwd)
-        session = session_for(p.session_id)
-        root = daemon.instructions.project_root(cwd)
-        ss, _gen = await service.skillset(root, cwd)
+    @handler(methods.SKILLS_LIST)
+    async def list_skills(self, ctx: Connection, p: wire.ListParams) -> wire.ListResult:
+        cwd, project = checked_project(self.projects, p.cwd)
+        session = self.session_for(p.session_id)
+        ss, _gen = await self.skills.skillset(session.project if session else project, cwd)
         activated = session.deliveries.skills_activated if session is not None else set()
         return wire.ListResult(
             skills=[_info(k, (not k.conditional) or k.name in activated)
@@ -41,11 +48,11 @@ def register(daemon: Daemon) -> None:
             shadowed=[_info(k, False) for k in ss.shadowed],
         )
 
-    async def load(ctx: Connection, p: wire.LoadParams) -> wire.LoadResult:
-        cwd = checked_cwd(p.cwd)
-        session = session_for(p.session_id)
-        root = daemon.instructions.project_root(cwd)
-        ss, _gen = await service.skillset(root, cwd)
+    @handler(methods.SKILLS_LOAD)
+    async def load(self, ctx: Connection, p: wire.LoadParams) -> wire.LoadResult:
+        cwd, project = checked_project(self.projects, p.cwd)
+        session = self.session_for(p.session_id)
+        ss, _gen = await self.skills.skillset(session.project if session else project, cwd)
         skill = ss.skills.get(p.name)
         if skill is None:
             known = ", ".join(sorted(ss.skills)) or "none"
@@ -55,6 +62,3 @@ def register(daemon: Daemon) -> None:
             session.deliveries.skills_used.add(skill.name)
         return wire.LoadResult(name=skill.name, base_dir=str(skill.base_dir),
                                content=listing.load_text(skill))
-
-    daemon.dispatcher.register(bind(methods.SKILLS_LIST, list_))
-    daemon.dispatcher.register(bind(methods.SKILLS_LOAD, load))

@@ -7,17 +7,19 @@ from typing import TYPE_CHECKING
 
 from qwenctxd.protocol import methods
 from qwenctxd.protocol import session as wire
-from qwenctxd.server.dispatch import bind
+from qwenctxd.server.dispatch import handler
 
 if TYPE_CHECKING:
-    from qwenctxd.server.app import Daemon
     from qwenctxd.server.connection import Connection
+    from qwenctxd.sessions.manager import SessionManager
 
 
-def register(daemon: Daemon) -> None:
-    async def transcript(ctx: Connection, p: wire.SessionIdParams) -> wire.TranscriptResult:
+class TranscriptHandlers:
+    def __init__(self, *, sessions: SessionManager) -> None:
+        self.sessions = sessions
+
+    @handler(methods.SESSION_TRANSCRIPT)
+    async def transcript(self, ctx: Connection, p: wire.SessionIdParams) -> wire.TranscriptResult:
         from qwenctxd.sessions.transcript import transcript as read
 
-        return await read(daemon.sessions, p.session_id)
-
-    daemon.dispatcher.register(bind(methods.SESSION_TRANSCRIPT, transcript))
+        return await read(self.sessions, p.session_id)

@@ -32,7 +32,12 @@ from starlette.types import Receive, Scope, Send
 from qwenctl.proxy import keys
 from qwenctl.proxy.conversation import BadRequest, parse
 from qwenctl.proxy.mapping import SessionMap, system_text
-from qwenctl.proxy.reply import StreamAccumulator, message_of_completion, usage_of
+from qwenctl.proxy.reply import (
+    StreamAccumulator,
+    finish_reason_of,
+    message_of_completion,
+    usage_of,
+)
 from qwenctl.proxy.upstream import (
     MIN_ANSWER_TOKENS,
     DoesNotFit,
@@ -328,7 +333,7 @@ class ChatExchange(Response):
                 parsed = None
             msg = message_of_completion(parsed)
             if msg is not None:
-                await self._record(st, msg, usage_of(parsed))
+                await self._record(st, msg, usage_of(parsed), finish_reason_of(parsed))
         await send({"type": "http.response.start", "status": resp.status_code,
                     "headers": [*headers, (b"content-length", str(len(raw)).encode())]})
         await send({"type": "http.response.body", "body": raw})
@@ -376,16 +381,18 @@ class ChatExchange(Response):
                 end.cause("the client disconnected")
             tg.cancel_scope.cancel()
         with anyio.CancelScope(shield=True):
-            await self._record(st, acc.message(end.reason), usage_of({"usage": acc.usage}))
+            await self._record(st, acc.message(end.reason), usage_of({"usage": acc.usage}),
+                               acc.finish_reason)
         if end.reason:
             log.info("proxy reply cut", session=st.session_id, reason=end.reason,
                      bytes=acc.bytes)
 
-    async def _record(self, st: Any, msg: dict[str, Any], usage: dict[str, int] | None) -> None:
+    async def _record(self, st: Any, msg: dict[str, Any], usage: dict[str, int] | None,
+                      finish_reason: str | None) -> None:
         if st is NO_SESSION:
             return
         try:
-            await self.proxy.sessions.record(st, msg, usage)
+            await self.proxy.sessions.record(st, msg, usage, finish_reason)
         except (ClientError, OSError) as exc:
             log.warning("proxy could not record the reply", session=st.session_id,
                         error=str(exc))

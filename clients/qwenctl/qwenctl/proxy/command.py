@@ -15,7 +15,7 @@ from qwenctl.proxy import keys
 from qwenctxd.protocol import methods
 
 if TYPE_CHECKING:
-    from qwenctl.cli import Ctx
+    from qwenctl.context import Ctx
 
 UPSTREAM_KEY_ENV = "QWENCTXD_PROXY_UPSTREAM_KEY"
 
@@ -79,7 +79,7 @@ def _upstream(ctx: Ctx, key: str) -> tuple[str | None, str | None, float, int | 
     ep = ConfigStore().load_global().endpoint()
     url = ctx.args.upstream or ep.base_url
     if not url:
-        url = (ctx.call(methods.DAEMON_STATUS).get("model") or {}).get("base_url")
+        url = ctx.request(methods.DAEMON_STATUS).model.get("base_url")
     up_key = os.environ.get(UPSTREAM_KEY_ENV) or ep.api_key
     if up_key == key:  # OPENAI_API_KEY came from `eval "$(qwenctl proxy env)"`
         up_key = None
@@ -102,7 +102,7 @@ def serve(ctx: Ctx) -> int:
         sys.stderr.write(f"qwenctl proxy: --cwd {cwd} is not a directory\n")
         return EXIT_USAGE
     key = keys.load_or_create_key()
-    ctx.call(methods.DAEMON_PING)  # autostarts the daemon unless --no-autostart
+    ctx.request(methods.DAEMON_PING)  # autostarts the daemon unless --no-autostart
     url, up_key, read_s, window = _upstream(ctx, key)
     ctx.close()
     if not url:

@@ -9,14 +9,18 @@ is started again, as every other client does (unless ``--no-autostart``).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import structlog
 
 from qwenctxd.client import AsyncClient, ConnectionLost, DaemonUnreachable
+from qwenctxd.protocol import daemon as dwire
 from qwenctxd.protocol import methods
 from qwenctxd.protocol.methods import Method
+
+P = TypeVar("P")
+R = TypeVar("R")
 
 log = structlog.get_logger("qwenctl.proxy")
 LOST = (ConnectionLost, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError)
@@ -38,8 +42,8 @@ class DaemonLink:
         while True:
             try:
                 async with AsyncClient(self.socket) as client:
-                    await client.call(methods.DAEMON_HELLO, {"client": {"name": "qwenctl-proxy"},
-                                                       "protocol": 1})
+                    await client.request(methods.DAEMON_HELLO, dwire.HelloParams(
+                        client=dwire.ClientInfo(name="qwenctl-proxy"), protocol=1))
                     self._client, self._error = client, None
                     self._generation += 1
                     self._ready.set()
@@ -83,14 +87,32 @@ class DaemonLink:
             raise self._error or DaemonUnreachable(str(self.socket), "no connection")
         return self._client
 
-    async def call(self, method: str | Method[Any, Any], params: Any = None) -> Any:
+    async def _client_now(self) -> tuple[int, AsyncClient]:
         gen, client = self._generation, self._client
         if client is None:
             client = await self._renew(gen)
             gen = self._generation
+        return gen, client
+
+    async def request(self, method: Method[P, R], params: P) -> R:
+        """The typed call of a table method, sent once more on a fresh connection when the
+        daemon went away underneath."""
+        gen, client = await self._client_now()
+        try:
+            return await client.request(method, params)
+        except LOST:
+            log.info("proxy lost the daemon connection; reconnecting", method=str(method))
+            client = await self._renew(gen)
+            return await client.request(method, params)
+
+    async def call(self, method: Method[Any, Any], params: Any = None) -> Any:
+        """A table method with JSON params and an untyped result: what
+        :class:`~qwenctxd.client.SessionHistory` sends ``session.turn`` through (its reply's
+        messages are forwarded upstream as JSON), with the same one retry."""
+        gen, client = await self._client_now()
         try:
             return await client.call(method, params)
         except LOST:
-            log.info("proxy lost the daemon connection; reconnecting", method=method)
+            log.info("proxy lost the daemon connection; reconnecting", method=str(method))
             client = await self._renew(gen)
             return await client.call(method, params)

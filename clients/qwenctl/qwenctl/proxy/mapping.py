@@ -25,7 +25,9 @@ import structlog
 
 from qwenctl.proxy.conversation import Conversation, fingerprint, steps
 from qwenctxd.client.history import SessionHistory
+from qwenctxd.protocol import instructions as iwire
 from qwenctxd.protocol import methods
+from qwenctxd.protocol import session as swire
 
 log = structlog.get_logger("qwenctl.proxy")
 MAX_CONVERSATIONS = 1024
@@ -38,8 +40,9 @@ class Mapped:
     session_id: str | None = None
     fps: list[str] = field(default_factory=list)
     roles: list[str] = field(default_factory=list)  # the role of each mapped message
-    #: the last recorded reply was no answer (empty, or cut off): a client that asks again
-    #: retries in the same session instead of regenerating into a fresh one
+    #: the last recorded reply was no answer (empty, cut off, or out of token budget): a
+    #: client that asks again retries in the same session instead of regenerating into a
+    #: fresh one
     reply_failed: bool = False
     awaiting: bool = False  # the last mapped input has no reply recorded yet
     pending: list[str] = field(default_factory=list)
@@ -70,16 +73,14 @@ class SessionMap:
 
     async def _open(self, st: Mapped, session_id: str, cwd: str, model: str,
                     tools: list[dict[str, Any]] | None) -> int:
-        params: dict[str, Any] = {"cwd": cwd, "model": model, "session_id": session_id,
-                                  **self.open_params}
-        if tools:
-            params["tools"] = tools
-        res = await self.daemon.call(methods.SESSION_OPEN, params)
+        params = swire.OpenParams(cwd=cwd, model=model, session_id=session_id,
+                                  tools=tools or None, **self.open_params)
+        res = await self.daemon.request(methods.SESSION_OPEN, params)
         st.session_id, st.fps, st.pending, st.awaiting, st.last_prompt = (
-            res["session_id"], [], [], False, None)
+            res.session_id, [], [], False, None)
         st.roles = []
-        st.view = SessionHistory(res["session_id"])
-        return int(res["messages"])
+        st.view = SessionHistory(res.session_id)
+        return res.messages
 
     async def map(self, st: Mapped, *, cwd: str, model: str, conv: Conversation,
                   tools: list[dict[str, Any]] | None) -> dict[str, Any]:
@@ -110,8 +111,8 @@ class SessionMap:
                 # the client sends its last user message again without the reply it got (a
                 # retry after an empty or broken answer): that turn is taken back and mapped
                 # anew, in the same session
-                await self.daemon.call(methods.SESSION_REWIND,
-                                       {"session_id": st.session_id, "turns": 1})
+                await self.daemon.request(methods.SESSION_REWIND,
+                                          swire.RewindParams(session_id=st.session_id, turns=1))
                 log.info("proxy: the last user turn asked again; rewound",
                          session=st.session_id)
                 st.fps, st.roles, st.pending, st.awaiting = st.fps[:k - 1], st.roles[:k - 1], [], False
@@ -128,8 +129,8 @@ class SessionMap:
         prompt: dict[str, Any] | None = None
         for step in steps(dialogue[start:], st.pending):
             if step.kind == "assistant":
-                await self.daemon.call(methods.SESSION_RECORD_MODEL,
-                                       {"session_id": st.session_id, "message": step.message})
+                await self.daemon.request(methods.SESSION_RECORD_MODEL, swire.RecordModelParams(
+                    session_id=st.session_id, message=step.message))
             else:
                 prompt = await st.view.aturn(self.daemon, step.turn_params(st.session_id))
         assert prompt is not None  # conversation.parse refuses a history ending in a reply
@@ -140,7 +141,7 @@ class SessionMap:
     @staticmethod
     def _asked_again(st: Mapped, dialogue: list[dict[str, Any]], common: int, sent: int) -> bool:
         """The client asks its last user message again after getting no answer (an empty or
-        cut-off reply, as Qwen Code retries): its history is what was mapped up to and
+        cut-off reply, or one stopped by the token budget, as Qwen Code retries): its history is what was mapped up to and
         including that message, and only replies to it were mapped after. (Asking again
         after a real answer is a regenerate: a fresh session, the first one kept.)"""
         return (st.reply_failed and 0 < common == sent < len(st.fps)
@@ -149,17 +150,20 @@ class SessionMap:
                 and "user" not in st.roles[common:])
 
     async def record(self, st: Mapped, message: dict[str, Any],
-                     usage: dict[str, int] | None) -> None:
-        """Record the upstream reply (call with ``st.lock`` held)."""
-        params: dict[str, Any] = {"session_id": st.session_id, "message": message}
-        if usage:
-            params["usage"] = usage
-        await self.daemon.call(methods.SESSION_RECORD_MODEL, params)
+                     usage: dict[str, int] | None, finish_reason: str | None = None) -> None:
+        """Record the upstream reply (call with ``st.lock`` held). A reply that is no usable
+        answer — empty, cut off, or stopped by the token budget (``finish_reason`` "length":
+        Qwen Code asks the same again with a larger budget) — lets the client ask again in
+        this session."""
+        await self.daemon.request(methods.SESSION_RECORD_MODEL, swire.RecordModelParams(
+            session_id=st.session_id,  # type: ignore[arg-type]  # set by map() under the lock
+            message=message,
+            usage=swire.ApiUsage(**usage) if usage else None))
         st.fps.append(fingerprint(message))
         st.roles.append("assistant")
         text = message.get("content")
         text = text if isinstance(text, str) else ""
-        st.reply_failed = not message.get("tool_calls") and (
+        st.reply_failed = finish_reason == "length" or not message.get("tool_calls") and (
             not text.strip() or "[reply cut off:" in text)
         st.awaiting, st.last_prompt = False, None
         st.pending = [c["id"] for c in message.get("tool_calls") or []]
@@ -175,12 +179,13 @@ class SessionMap:
         hit = self._extra.get(session_id)
         if hit is not None and hit[0] == prefix_hash:
             return hit[1]
-        sp = await self.daemon.call(methods.PROMPT_SYSTEM, {"cwd": cwd, "model": model})
-        text, pos, parts = sp["text"], 0, []
-        for sec in sp["sections"]:
-            if sec["name"] in ("instructions", "memory"):
-                parts.append(text[pos:pos + sec["chars"]])
-            pos += sec["chars"]
+        sp = await self.daemon.request(methods.PROMPT_SYSTEM,
+                                       iwire.PromptSystemParams(cwd=cwd, model=model))
+        text, pos, parts = sp.text, 0, []
+        for sec in sp.sections:
+            if sec.name in ("instructions", "memory"):
+                parts.append(text[pos:pos + sec.chars])
+            pos += sec.chars
         extra = "".join(parts)
         if len(self._extra) > MAX_CONVERSATIONS:
             self._extra.clear()

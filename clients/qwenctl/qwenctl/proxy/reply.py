@@ -130,6 +130,15 @@ def message_of_completion(body: Any) -> dict[str, Any] | None:
     return msg
 
 
+def finish_reason_of(body: Any) -> str | None:
+    """The first choice's ``finish_reason`` of a non-streamed body (None if it has none)."""
+    try:
+        reason = body["choices"][0].get("finish_reason")
+    except (KeyError, IndexError, TypeError, AttributeError):
+        return None
+    return reason if isinstance(reason, str) else None
+
+
 def usage_of(body: Any) -> dict[str, int] | None:
     u = body.get("usage") if isinstance(body, dict) else None
     if not isinstance(u, dict) or not isinstance(u.get("prompt_tokens"), int):
