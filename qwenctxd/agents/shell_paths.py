@@ -35,8 +35,8 @@ from tree_sitter import Node
 from wcmatch import glob as wglob
 
 from qwenctxd.agents.permissions import ReadScope
-from qwenctxd.agents.shell_readonly import _arg, _parse, _src
-from qwenctxd.agents.shell_rules import _options, _Refuse, _sed, _shell_script
+from qwenctxd.agents.shell_readonly import node_source, parse_script, word_arg
+from qwenctxd.agents.shell_rules import Refuse, check_sed, inner_shell_script, scan_options
 
 __all__ = ["shell_read_refusal"]
 
@@ -93,18 +93,18 @@ def _raw(node: Node, env: _Env) -> str:
     escaped; raises _Unknown for what only bash can compute."""
     t = node.type
     if t in ("word", "number"):
-        return _src(node)
+        return node_source(node)
     if t == "raw_string":
-        return _esc(_src(node)[1:-1])
-    if t == "ansi_c_string" and "\\" not in _src(node):
-        return _esc(_src(node)[2:-1])
+        return _esc(node_source(node)[1:-1])
+    if t == "ansi_c_string" and "\\" not in node_source(node):
+        return _esc(node_source(node)[2:-1])
     if t == "simple_expansion":
-        return _esc(_var(_src(node)[1:], env))
+        return _esc(_var(node_source(node)[1:], env))
     if t == "expansion":
         kids = node.children
         if len(kids) == 3 and kids[1].type == "variable_name":
-            return _esc(_var(_src(kids[1]), env))
-        raise _Unknown(_src(node))
+            return _esc(_var(node_source(kids[1]), env))
+        raise _Unknown(node_source(node))
     if t == "process_substitution":
         return "/dev/fd/63"
     if t == "string":
@@ -113,14 +113,14 @@ def _raw(node: Node, env: _Env) -> str:
         for c in node.named_children:
             out.append(_esc(re.sub(r'\\([$`"\\\n])', r"\1",
                                    data[pos - base:c.start_byte - base].decode())))
-            out.append(_esc(_unesc(_src(c))) if c.type == "string_content"
+            out.append(_esc(_unesc(node_source(c))) if c.type == "string_content"
                        else _raw(c, env))
             pos = c.end_byte
         out.append(_esc(data[pos - base:len(data) - 1].decode()))
         return "".join(out)
     if t == "concatenation":
-        return "".join(_raw(c, env) if c.is_named else _src(c) for c in node.children)
-    raise _Unknown(_src(node)[:40])
+        return "".join(_raw(c, env) if c.is_named else node_source(c) for c in node.children)
+    raise _Unknown(node_source(node)[:40])
 
 
 def _values(node: Node, env: _Env) -> list[str]:
@@ -129,7 +129,7 @@ def _values(node: Node, env: _Env) -> list[str]:
     try:
         alts = bracex.expand(raw, keep_escapes=True, limit=_MAX_ALTERNATIVES)
     except Exception as exc:  # noqa: BLE001 - too many alternatives, or bad braces
-        raise _Refuse(f"argument {_src(node)[:60]!r} expands to too many words") from exc
+        raise Refuse(f"argument {node_source(node)[:60]!r} expands to too many words") from exc
     out: list[str] = []
     for alt in alts:
         if alt.startswith("~"):
@@ -167,12 +167,12 @@ def _judge_path(piece: str, shown: str, env: _Env) -> None:
     if piece.startswith("~"):
         head, sep, rest = piece.partition("/")
         if head != "~":
-            raise _Refuse(f"{shown!r} names another user's home")
+            raise Refuse(f"{shown!r} names another user's home")
         piece = env.home + sep + rest
     path = piece if os.path.isabs(piece) else os.path.join(env.cwd, piece)
     why = env.scope.refusal(path)
     if why is not None:
-        raise _Refuse(f"argument {shown!r}: {why}")
+        raise Refuse(f"argument {shown!r}: {why}")
 
 
 def _walk_check(directory: str, env: _Env, follow: bool) -> None:
@@ -185,18 +185,18 @@ def _walk_check(directory: str, env: _Env, follow: bool) -> None:
                 continue
             seen += 1
             if seen > _MAX_WALK:
-                raise _Refuse("a recursive search over more than "
+                raise Refuse("a recursive search over more than "
                               f"{_MAX_WALK} entries cannot be checked; use grep_search")
             why = env.scope.refusal(os.path.join(dirpath, name))
             if why is not None:
-                raise _Refuse(f"the recursive search would read "
+                raise Refuse(f"the recursive search would read "
                               f"{os.path.join(dirpath, name)}: {why}; use grep_search (it "
                               "skips such files) or name the directories to search")
 
 
 def _follows(name: str, args: list[Node]) -> bool:
     """Whether a recursive search follows links found inside the tree."""
-    texts = [_arg(a).text or "" for a in args]
+    texts = [word_arg(a).text or "" for a in args]
     short = "".join(t[1:] for t in texts if t.startswith("-") and not t.startswith("--"))
     if name == "diff":
         return True
@@ -208,7 +208,7 @@ def _follows(name: str, args: list[Node]) -> bool:
 def _recursive_dirs(name: str, args: list[Node], values: list[list[str]], env: _Env
                     ) -> list[str]:
     """The directories a recursive content search (grep -r, rg, ag, diff -r) reads."""
-    lits = [_arg(a) for a in args]
+    lits = [word_arg(a) for a in args]
     texts = [a.text or "" for a in lits]
     short = "".join(t[1:] for t in texts if t.startswith("-") and not t.startswith("--"))
     if name == "diff":
@@ -221,9 +221,9 @@ def _recursive_dirs(name: str, args: list[Node], values: list[list[str]], env: _
                       "recurse") for t in texts)):
             return []
         try:
-            opts, pos = _options(name, lits, takes=_GREPS[name],
+            opts, pos = scan_options(name, lits, takes=_GREPS[name],
                                  long_takes=("regexp", "file", "max-count", "context"))
-        except _Refuse:
+        except Refuse:
             opts, pos = [], lits
         operands = pos if any(k in ("e", "f", "regexp", "file") for k, _ in opts) else pos[1:]
         picked = [i for i, a in enumerate(lits) if any(a is p for p in operands)]
@@ -243,43 +243,43 @@ def _recursive_dirs(name: str, args: list[Node], values: list[list[str]], env: _
 def _on_command(node: Node, env: _Env, depth: int) -> None:
     name_node = node.child_by_field_name("name")
     if name_node is None or name_node.named_child_count != 1:
-        raise _Refuse("a command without a literal name")
-    word = _arg(name_node.named_children[0]).text or ""
+        raise Refuse("a command without a literal name")
+    word = word_arg(name_node.named_children[0]).text or ""
     name = word.rpartition("/")[2]
     args = node.children_by_field_name("argument")
     if name == "xargs":
-        raise _Refuse("xargs takes the files it reads from its "
+        raise Refuse("xargs takes the files it reads from its "
                       "input, which cannot be checked; name the files directly")
     if name in _NON_READING:
         return
-    lits = [_arg(a) for a in args]
+    lits = [word_arg(a) for a in args]
     texts = [a.text for a in lits]
     if name in _SHELLS:
-        _judge_script(_shell_script(name, lits), env, depth + 1)
+        _judge_script(inner_shell_script(name, lits), env, depth + 1)
         return
     if name == "sed":
-        _sed(name, lits, depth, reads=False)
+        check_sed(name, lits, reads=False)
     if name == "git" and "grep" in [t for t in texts if t and not t.startswith("-")][:1]:
-        raise _Refuse("git grep reads every tracked file, "
+        raise Refuse("git grep reads every tracked file, "
                       "credential files included; use grep_search")
     values: list[list[str]] = []
     for a in args:
         try:
             vals = _values(a, env)
         except _Unknown as exc:
-            raise _Refuse(f"cannot tell which file {_src(a)!r} "
+            raise Refuse(f"cannot tell which file {node_source(a)!r} "
                           f"names ({exc} is only known when the command runs); give paths "
                           "literally") from None
         values.append(vals)
         for v in vals:
             for piece in _pieces(v):
-                _judge_path(piece, _src(a), env)
+                _judge_path(piece, node_source(a), env)
     words = [v for vs in values for v in vs]
     if name == "awk" and any(_AWK_READS.search(v) for v in words):
-        raise _Refuse("awk's getline and ARGV read files the command line does not name")
+        raise Refuse("awk's getline and ARGV read files the command line does not name")
     if name == "jq" and any(_JQ_MODULES.search(v) or v.startswith("-L") or v == "--library-path"
                             for v in words):
-        raise _Refuse("jq modules read files the command line does not name")
+        raise Refuse("jq modules read files the command line does not name")
     for directory in _recursive_dirs(name, args, values, env):
         _walk_check(directory, env, _follows(name, args))
 
@@ -292,18 +292,18 @@ def _on_redirect(node: Node, env: _Env) -> None:
         try:
             vals = _values(dest, env)
         except _Unknown as exc:
-            raise _Refuse(f"cannot tell which file "
-                          f"{_src(dest)!r} names ({exc})") from None
+            raise Refuse(f"cannot tell which file "
+                          f"{node_source(dest)!r} names ({exc})") from None
         for v in vals:
-            _judge_path(v, _src(dest), env)
+            _judge_path(v, node_source(dest), env)
 
 
 def _judge_script(script: str, env: _Env, depth: int) -> None:
     if depth > _MAX_DEPTH:
-        raise _Refuse("too many nested shells")
-    root, _ = _parse(script)
+        raise Refuse("too many nested shells")
+    root, _ = parse_script(script)
     if root.has_error:
-        raise _Refuse("the command does not parse")
+        raise Refuse("the command does not parse")
     stack = [root]
     while stack:
         n = stack.pop()
@@ -322,7 +322,7 @@ def shell_read_refusal(command: str, cwd: Path, scope: ReadScope, environ: Mappi
     env = _Env(Path(os.path.abspath(cwd)), scope, environ)
     try:
         _judge_script(command, env, 0)
-    except _Refuse as exc:
+    except Refuse as exc:
         return f"run_shell_command refused: {exc}"
     except Exception as exc:  # noqa: BLE001 - fail closed
         return ("run_shell_command refused: cannot judge what the command reads "

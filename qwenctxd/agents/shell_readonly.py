@@ -22,14 +22,15 @@ import tree_sitter_bash
 from tree_sitter import Language, Node, Parser
 
 from qwenctxd.agents.shell_rules import (
-    _BIN_DIRS,
-    _Arg,
-    _check_argv,
-    _check_var,
-    _lit,
-    _Refuse,
-    _shell_script,
-    _test,
+    BIN_DIRS,
+    Arg,
+    Nesting,
+    Refuse,
+    check_argv,
+    check_test_args,
+    check_var,
+    inner_shell_script,
+    literal_arg,
 )
 
 __all__ = ["MAX_COMMAND_CHARS", "Verdict", "classify", "strip_shell_wrapper"]
@@ -49,7 +50,7 @@ class Verdict:
     reason: str
 
 
-def _src(node: Node) -> str:
+def node_source(node: Node) -> str:
     return (node.text or b"").decode("utf-8", "replace")
 
 
@@ -68,7 +69,7 @@ _Piece = tuple[str | None, str, bool, bool]  # (literal, known prefix, IFS-split
 
 
 def _piece(node: Node) -> _Piece:
-    t, s = node.type, _src(node)
+    t, s = node.type, node_source(node)
     if t in ("word", "number"):
         if s.startswith("~"):
             return None, "~", False, False  # tilde expands to a path, never to an option
@@ -93,15 +94,15 @@ def _piece(node: Node) -> _Piece:
             text = _DQ_ESCAPE.sub(lambda m: "" if m[1] == "\n" else m[1], s[1:-1])
             return text, text, False, False
         first = kids[0]
-        lead = _src(first) if first.type == "string_content" and first.start_byte == node.start_byte + 1 else ""
-        at = any(d.type == "special_variable_name" and _src(d) == "@" for d in _descendants(node))
+        lead = node_source(first) if first.type == "string_content" and first.start_byte == node.start_byte + 1 else ""
+        at = any(d.type == "special_variable_name" and node_source(d) == "@" for d in _descendants(node))
         return None, lead, at, False  # "$@" is several words
     if t == "ansi_c_string" and "\\" not in s:
         return s[2:-1], s[2:-1], False, False
     if t == "process_substitution":
         return None, "/dev/fd/", False, False
     if t == "concatenation":
-        kids, srcs = node.children, [_src(k) for k in node.children]
+        kids, srcs = node.children, [node_source(k) for k in node.children]
         parts = [
             (None, "", False, True) if src == "{" and any("," in x or ".." in x for x in srcs[k:])
             else _piece(kid) if kid.is_named else (None, "", True, True)
@@ -119,12 +120,12 @@ def _piece(node: Node) -> _Piece:
     return None, "", True, False  # unquoted expansion / substitution, or anything unknown
 
 
-def _arg(node: Node) -> _Arg:
+def word_arg(node: Node) -> Arg:
     lit, prefix, ifs, glob = _piece(node)
     if lit is not None:
-        return _Arg(lit, lit.startswith("-"), False, _src(node), lit)
+        return Arg(lit, lit.startswith("-"), False, node_source(node), lit)
     may_dash = prefix == "" or prefix.startswith("-")
-    return _Arg(None, may_dash, ifs or (glob and may_dash), _src(node), prefix, ifs or glob)
+    return Arg(None, may_dash, ifs or (glob and may_dash), node_source(node), prefix, ifs or glob)
 
 
 # --------------------------------------------------------------------------- AST walk
@@ -147,11 +148,12 @@ _ARITH_TESTS = frozenset("-eq -ne -lt -le -gt -ge".split())
 def _on_command(node: Node, depth: int) -> None:
     name = node.child_by_field_name("name")
     if name is None or name.named_child_count != 1:
-        raise _Refuse("a command without a literal command name")
-    word = _arg(name.named_children[0]).text
+        raise Refuse("a command without a literal command name")
+    word = word_arg(name.named_children[0]).text
     if word is None:
-        raise _Refuse(f"command name {_src(name)!r} is not a literal word")
-    _check_argv(word, [_arg(c) for c in node.children_by_field_name("argument")], depth)
+        raise Refuse(f"command name {node_source(name)!r} is not a literal word")
+    check_argv(word, [word_arg(c) for c in node.children_by_field_name("argument")],
+               Nesting(depth, _check_script))
 
 
 def _on_redirect(node: Node, depth: int) -> None:
@@ -160,80 +162,80 @@ def _on_redirect(node: Node, depth: int) -> None:
     op = ops[0] if len(ops) == 1 else "?"
     dest = dests[0] if len(dests) == 1 else None
     if op == "<" and dest is not None:
-        a = _arg(dest)
+        a = word_arg(dest)
         if any(a.prefix.startswith(n) or (a.text is None and n.startswith(a.prefix))
                for n in ("/dev/tcp/", "/dev/udp/")):
-            raise _Refuse(f"redirection {_src(node)!r} may open a network connection")
+            raise Refuse(f"redirection {node_source(node)!r} may open a network connection")
         return
     if op in (">&-", "<&-"):
         return
     if op in (">&", "<&") and dest is not None and dest.type == "number":
         return  # descriptor duplication such as 2>&1
     if op in (">", ">>", ">|", "&>", "&>>", ">&") and dest is not None \
-            and _arg(dest).text == "/dev/null":
+            and word_arg(dest).text == "/dev/null":
         return
-    raise _Refuse(f"redirection {_src(node)!r} may write a file")
+    raise Refuse(f"redirection {node_source(node)!r} may write a file")
 
 
 def _on_assignment(node: Node, depth: int) -> None:
     name = node.child_by_field_name("name")
     if node.parent is None or node.parent.type != "command":
-        raise _Refuse(f"bare assignment {_src(node)!r} changes shell state")
+        raise Refuse(f"bare assignment {node_source(node)!r} changes shell state")
     if name is None or name.type != "variable_name":
-        raise _Refuse(f"assignment {_src(node)!r}")
-    _check_var(_src(name))
+        raise Refuse(f"assignment {node_source(node)!r}")
+    check_var(node_source(name))
 
 
 def _on_for(node: Node, depth: int) -> None:
     var = node.child_by_field_name("variable")
-    _check_var(_src(var) if var is not None else "")
+    check_var(node_source(var) if var is not None else "")
 
 
 def _on_process_substitution(node: Node, depth: int) -> None:
     if node.children[0].type != "<(":
-        raise _Refuse(f"output process substitution {_src(node)!r} feeds a writer")
+        raise Refuse(f"output process substitution {node_source(node)!r} feeds a writer")
 
 
 def _on_expansion(node: Node, depth: int) -> None:
     for c in node.children:
         if (not c.is_named and c.type not in _EXPANSION_OPS) or c.type == "subscript":
-            raise _Refuse(f"parameter expansion {_src(node)!r} may assign or evaluate code")
+            raise Refuse(f"parameter expansion {node_source(node)!r} may assign or evaluate code")
 
 
 def _on_arithmetic(node: Node, depth: int) -> None:
     if node.type == "compound_statement" and (not node.children or node.children[0].type != "(("):
         return
     if any(d.is_named and d.type not in _ARITH_OK for d in _descendants(node)):
-        raise _Refuse(f"arithmetic {_src(node)!r} on variables can evaluate code in their values")
+        raise Refuse(f"arithmetic {node_source(node)!r} on variables can evaluate code in their values")
 
 
-def _flatten_test(node: Node) -> list[_Arg]:
-    out: list[_Arg] = []
+def _flatten_test(node: Node) -> list[Arg]:
+    out: list[Arg] = []
     for c in node.children:
         if c.type in ("unary_expression", "binary_expression", "parenthesized_expression"):
             out.extend(_flatten_test(c))
         elif not c.is_named or c.type == "test_operator":
-            out.append(_lit(_src(c)))
+            out.append(literal_arg(node_source(c)))
         else:
-            out.append(_arg(c))
+            out.append(word_arg(c))
     return out
 
 
 def _on_test(node: Node, depth: int) -> None:
     opener = node.children[0].type if node.children else ""
     if opener == "[":
-        _test("[", _flatten_test(node)[1:], depth)
+        check_test_args("[", _flatten_test(node)[1:])
         return
     if opener != "[[":
-        raise _Refuse(f"unsupported test syntax {_src(node)[:40]!r}")
+        raise Refuse(f"unsupported test syntax {node_source(node)[:40]!r}")
     for d in _descendants(node):
-        if d.type == "test_operator" and _src(d) in ("-v", "-R"):
-            raise _Refuse("[[ -v/-R ]] evaluate array subscripts (code) in variable contents")
+        if d.type == "test_operator" and node_source(d) in ("-v", "-R"):
+            raise Refuse("[[ -v/-R ]] evaluate array subscripts (code) in variable contents")
         op = d.child_by_field_name("operator") if d.type == "binary_expression" else None
-        if op is not None and _src(op) in _ARITH_TESTS and any(
+        if op is not None and node_source(op) in _ARITH_TESTS and any(
                 s is None or s.type != "number"
                 for s in (d.child_by_field_name("left"), d.child_by_field_name("right"))):
-            raise _Refuse("[[ a -eq b ]] evaluates variable contents as arithmetic")
+            raise Refuse("[[ a -eq b ]] evaluates variable contents as arithmetic")
 
 
 _HANDLERS: dict[str, Callable[[Node, int], None]] = {
@@ -271,7 +273,7 @@ def _unparsed(node: Node) -> bool:
 def _quoted_heredoc(body: Node) -> bool:
     start = next((c for c in body.parent.children if c.type == "heredoc_start"), None) \
         if body.parent is not None else None
-    return start is not None and any(q in _src(start) for q in "'\"\\")
+    return start is not None and any(q in node_source(start) for q in "'\"\\")
 
 
 def _escaped(text: str | bytes, i: int) -> bool:
@@ -289,7 +291,7 @@ def _check_continuations(script: str) -> None:
         i = m.start()
         line = script[script.rfind("\n", 0, i) + 1:i]
         if not line.strip() or line[-1] not in " \t" or _escaped(script, i - 1):
-            raise _Refuse("a line continuation where the parser and bash may disagree")
+            raise Refuse("a line continuation where the parser and bash may disagree")
 
 
 def _comment_ok(node: Node, data: bytes) -> bool:
@@ -311,13 +313,13 @@ def _spans_newline(node: Node, data: bytes) -> bool:
                for a, b in zip(kids, kids[1:], strict=False))
 
 
-def _parse(script: str) -> tuple[Node, bytes]:
+def parse_script(script: str) -> tuple[Node, bytes]:
     if len(script) > MAX_COMMAND_CHARS:
-        raise _Refuse(f"command longer than {MAX_COMMAND_CHARS} characters")
+        raise Refuse(f"command longer than {MAX_COMMAND_CHARS} characters")
     if _CONTROL.search(script):
-        raise _Refuse("command contains control characters (bash and the parser may split it differently)")
+        raise Refuse("command contains control characters (bash and the parser may split it differently)")
     if _ASTRAL.search(script):
-        raise _Refuse("characters beyond U+FFFF are refused (they can crash tree-sitter-bash)")
+        raise Refuse("characters beyond U+FFFF are refused (they can crash tree-sitter-bash)")
     _check_continuations(script)
     data = script.encode("utf-8")
     with _PARSER_LOCK:
@@ -327,10 +329,10 @@ def _parse(script: str) -> tuple[Node, bytes]:
 
 def _check_script(script: str, depth: int) -> None:
     if depth > _MAX_SHELL_DEPTH:
-        raise _Refuse("too many nested shells")
-    root, data = _parse(script)
+        raise Refuse("too many nested shells")
+    root, data = parse_script(script)
     if root.has_error:
-        raise _Refuse("the command does not parse (syntax error or unsupported syntax)")
+        raise Refuse("the command does not parse (syntax error or unsupported syntax)")
     stack = [root]
     while stack:
         node = stack.pop()
@@ -339,16 +341,16 @@ def _check_script(script: str, depth: int) -> None:
         if node.type == "heredoc_body" and _quoted_heredoc(node):
             continue  # <<'EOF' bodies are literal text
         if _unparsed(node):
-            raise _Refuse(f"{_src(node)[:40]!r}: text the parser did not understand")
+            raise Refuse(f"{node_source(node)[:40]!r}: text the parser did not understand")
         if node.type == "comment" and not _comment_ok(node, data):
-            raise _Refuse("a '#' that bash may not read as a comment")
+            raise Refuse("a '#' that bash may not read as a comment")
         if node.type in _ONE_LINE and _spans_newline(node, data):
-            raise _Refuse(f"{_src(node)[:40]!r} spans lines where bash ends the command")
+            raise Refuse(f"{node_source(node)[:40]!r} spans lines where bash ends the command")
         handler = _HANDLERS.get(node.type)
         if handler is not None:
             handler(node, depth)
         elif node.type not in _PASS:
-            raise _Refuse(f"unsupported shell syntax: {node.type} {_src(node)[:40]!r}")
+            raise Refuse(f"unsupported shell syntax: {node.type} {node_source(node)[:40]!r}")
         stack.extend(reversed(node.children))
 
 
@@ -358,7 +360,7 @@ def classify(command: str) -> Verdict:
         if not command.strip():
             return Verdict(False, "empty command")
         _check_script(command, 0)
-    except _Refuse as e:
+    except Refuse as e:
         reason = str(e)
         return Verdict(False, reason if len(reason) <= 240 else reason[:239] + "…")
     except Exception as e:  # noqa: BLE001 - fail closed on anything unexpected
@@ -369,17 +371,17 @@ def classify(command: str) -> Verdict:
 def strip_shell_wrapper(command: str) -> str:
     """The inner script of ``bash -c '…'`` / ``sh -c "…"`` (literal script only), else ``command``."""
     try:
-        root, _ = _parse(command)
+        root, _ = parse_script(command)
         if root.has_error or root.named_child_count != 1:
             return command
         node = root.named_children[0]
         name = node.child_by_field_name("name") if node.type == "command" else None
         if name is None or len(node.named_children) != 1 + len(node.children_by_field_name("argument")):
             return command
-        word = _arg(name.named_children[0]).text if name.named_child_count == 1 else None
+        word = word_arg(name.named_children[0]).text if name.named_child_count == 1 else None
         if word is None or word.rpartition("/")[2] not in ("bash", "sh", "dash") or (
-                "/" in word and word.rpartition("/")[0] not in _BIN_DIRS):
+                "/" in word and word.rpartition("/")[0] not in BIN_DIRS):
             return command
-        return _shell_script(word, [_arg(c) for c in node.children_by_field_name("argument")])
+        return inner_shell_script(word, [word_arg(c) for c in node.children_by_field_name("argument")])
     except Exception:  # noqa: BLE001 - not a wrapper we can unwrap
         return command

@@ -2,8 +2,9 @@
 variables may not be assigned, and the per-command argv rules (sed scripts, find expressions,
 git subcommands, wrappers such as env/xargs/timeout, ``bash -c``…).
 
-A rule gets the command name, its arguments as :class:`_Arg` (what the shell will see, as far
-as the source tells) and the ``bash -c`` nesting depth, and raises :class:`_Refuse` when the
+A rule gets the command name, its arguments as :class:`Arg` (what the shell will see, as far
+as the source tells) and a :class:`Nesting` (the ``bash -c`` depth and the parser's own script
+check, passed in so this module never imports the parser), and raises :class:`Refuse` when the
 command may write files or run something the classifier cannot see.  Parsing the script into
 those arguments, and walking the AST, stay in :mod:`qwenctxd.agents.shell_readonly`.
 """
@@ -16,12 +17,12 @@ from dataclasses import dataclass
 from typing import Any
 
 
-class _Refuse(Exception):
+class Refuse(Exception):
     """Raised anywhere in the walk: the command is not provably read-only."""
 
 
 @dataclass(frozen=True)
-class _Arg:
+class Arg:
     """One argument as the shell will see it, as far as the source tells."""
 
     text: str | None  # literal value; None when it depends on an expansion, glob or brace
@@ -36,30 +37,30 @@ class _Arg:
         return self.may_dash or self.splits
 
 
-def _lit(text: str) -> _Arg:
-    return _Arg(text, text.startswith("-"), False, text, text)
+def literal_arg(text: str) -> Arg:
+    return Arg(text, text.startswith("-"), False, text, text)
 
 
 # --------------------------------------------------------------------------- options
 
-def _options(
-    cmd: str, args: list[_Arg], *, takes: str = "", attached: str = "", bad: str = "",
+def scan_options(
+    cmd: str, args: list[Arg], *, takes: str = "", attached: str = "", bad: str = "",
     bad_long: tuple[str, ...] = (), long_takes: tuple[str, ...] = (), permute: bool = True,
-) -> tuple[list[tuple[str, _Arg | None]], list[_Arg]]:
+) -> tuple[list[tuple[str, Arg | None]], list[Arg]]:
     """getopt-like scan: refuse bad options (long ones also when abbreviated) and values that
     could smuggle in an option; return the options seen and the operands."""
-    opts: list[tuple[str, _Arg | None]] = []
-    pos: list[_Arg] = []
+    opts: list[tuple[str, Arg | None]] = []
+    pos: list[Arg] = []
     i, ended = 0, False
 
-    def value() -> _Arg | None:
+    def value() -> Arg | None:
         nonlocal i
         if i >= len(args):
             return None
         v = args[i]
         i += 1
         if v.multi:
-            raise _Refuse(f"{cmd}: option value {v.src!r} may expand to several words")
+            raise Refuse(f"{cmd}: option value {v.src!r} may expand to several words")
         return v
 
     while i < len(args):
@@ -68,7 +69,7 @@ def _options(
         t = a.text
         if ended or t is None or not t.startswith("-") or t == "-":
             if not ended and a.optionish:
-                raise _Refuse(f"{cmd}: argument {a.src!r} may expand to an option")
+                raise Refuse(f"{cmd}: argument {a.src!r} may expand to an option")
             pos.append(a)
             ended = ended or not permute
         elif t == "--":
@@ -76,15 +77,15 @@ def _options(
         elif t.startswith("--"):
             name, eq, val = t[2:].partition("=")
             if any(b.startswith(name) for b in bad_long):
-                raise _Refuse(f"{cmd}: option --{name} may write files or run programs")
-            opts.append((name, _lit(val) if eq else value() if name in long_takes else None))
+                raise Refuse(f"{cmd}: option --{name} may write files or run programs")
+            opts.append((name, literal_arg(val) if eq else value() if name in long_takes else None))
         else:
             for j, ch in enumerate(t[1:], 1):
                 if ch in bad:
-                    raise _Refuse(f"{cmd}: option -{ch} may write files or run programs")
+                    raise Refuse(f"{cmd}: option -{ch} may write files or run programs")
                 if ch in takes or ch in attached:
                     rest = t[j + 1:]
-                    opts.append((ch, _lit(rest) if rest or ch in attached else value()))
+                    opts.append((ch, literal_arg(rest) if rest or ch in attached else value()))
                     break
                 opts.append((ch, None))
     return opts, pos
@@ -92,7 +93,7 @@ def _options(
 
 # --------------------------------------------------------------------------- command rules
 
-_BIN_DIRS = frozenset({"/bin", "/usr/bin", "/usr/local/bin", "/sbin", "/usr/sbin"})
+BIN_DIRS = frozenset({"/bin", "/usr/bin", "/usr/local/bin", "/sbin", "/usr/sbin"})
 _SIMPLE = frozenset(
     "ls cat head tail wc grep egrep fgrep stat du df pwd echo true false : which type basename "
     "dirname realpath readlink cut tr nl diff cmp comm jq uname whoami id ps uptime free nproc "
@@ -117,40 +118,55 @@ _BAD_VAR_PREFIXES = ("LD_", "DYLD_", "GIT_", "BASH_FUNC_", "LESS", "SSH_")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
-_Rule = Callable[[str, list["_Arg"], int], None]
+ScriptCheck = Callable[[str, int], None]
+"""Checks a whole script at a ``bash -c`` nesting depth (the parser's walk, passed down)."""
 
 
-def _check_var(name: str) -> None:
+@dataclass(frozen=True)
+class Nesting:
+    """Where a command sits: its ``bash -c`` depth, and the checker for an inner script.
+
+    The parser's walk (:mod:`qwenctxd.agents.shell_readonly`) passes its own script check in, so
+    ``bash -c '…'`` is checked like the outer script while this module imports nothing of it."""
+
+    depth: int
+    check_script: ScriptCheck
+
+
+_Rule = Callable[[str, list["Arg"], Nesting], None]
+
+
+def check_var(name: str) -> None:
     if not _NAME.match(name):
-        raise _Refuse(f"assignment to {name!r}")
+        raise Refuse(f"assignment to {name!r}")
     if name in _BAD_VARS or name.startswith(_BAD_VAR_PREFIXES):
-        raise _Refuse(f"assignment to {name} may change what runs or where it writes")
+        raise Refuse(f"assignment to {name} may change what runs or where it writes")
 
 
-def _check_argv(name: str, args: list[_Arg], depth: int) -> None:
+def check_argv(name: str, args: list[Arg], nest: Nesting) -> None:
     if "/" in name:
         head, _, base = name.rpartition("/")
-        if head not in _BIN_DIRS:
-            raise _Refuse(f"{name}: only allow-listed commands from a standard bin directory")
+        if head not in BIN_DIRS:
+            raise Refuse(f"{name}: only allow-listed commands from a standard bin directory")
         name = base
     if name in _REFUSED:
-        raise _Refuse(f"{name}: {_REFUSED[name]}")
+        raise Refuse(f"{name}: {_REFUSED[name]}")
     if name in _SIMPLE:
         return
     rule = _RULES.get(name)
     if rule is None:
-        raise _Refuse(f"{name}: not an allow-listed read-only command")
-    rule(name, args, depth)
+        raise Refuse(f"{name}: not an allow-listed read-only command")
+    rule(name, args, nest)
 
 
-def _run_inner(cmd: str, rest: list[_Arg], depth: int, *, required: bool = True) -> None:
+def _run_inner(cmd: str, rest: list[Arg], nest: Nesting, *, required: bool = True) -> None:
     if not rest:
         if required:
-            raise _Refuse(f"{cmd}: no command to run")
+            raise Refuse(f"{cmd}: no command to run")
         return
     if rest[0].text is None:
-        raise _Refuse(f"{cmd}: the command it runs ({rest[0].src!r}) is not a literal word")
-    _check_argv(rest[0].text, rest[1:], depth)
+        raise Refuse(f"{cmd}: the command it runs ({rest[0].src!r}) is not a literal word")
+    check_argv(rest[0].text, rest[1:], nest)
 
 
 _SED_LETTERS = set("pdDgGhHlnNPqQxzF=v")
@@ -212,15 +228,15 @@ def _sed_script_ok(s: str, reads: bool = True) -> bool:
     return True
 
 
-def _sed(cmd: str, args: list[_Arg], depth: int, *, reads: bool = True) -> None:
-    opts, pos = _options(cmd, args, takes="el", bad="iIf", bad_long=("in-place", "file"),
+def check_sed(cmd: str, args: list[Arg], *, reads: bool = True) -> None:
+    opts, pos = scan_options(cmd, args, takes="el", bad="iIf", bad_long=("in-place", "file"),
                          long_takes=("expression", "line-length"))
     scripts = [v for k, v in opts if k == "e" or (len(k) > 1 and "expression".startswith(k))]
     if not scripts and pos:
         scripts = [pos[0]]
     for s in scripts:
         if s is None or s.text is None or not _sed_script_ok(s.text, reads):
-            raise _Refuse(f"sed: script {s.src if s else ''!r} may write files, run commands"
+            raise Refuse(f"sed: script {s.src if s else ''!r} may write files, run commands"
                           f"{'' if reads else ' or read files it does not name'}")
 
 
@@ -232,19 +248,19 @@ _FIND_ARG = frozenset(
 )
 
 
-def _find(cmd: str, args: list[_Arg], depth: int) -> None:
+def _find(cmd: str, args: list[Arg], nest: Nesting) -> None:
     expect_value = False
     for a in args:
         t = a.text
         if expect_value:
             expect_value = False
             if a.multi:
-                raise _Refuse(f"find: value {a.src!r} may expand to several words")
+                raise Refuse(f"find: value {a.src!r} may expand to several words")
         elif t is None:
             if a.optionish:
-                raise _Refuse(f"find: {a.src!r} may expand to an expression such as -delete")
+                raise Refuse(f"find: {a.src!r} may expand to an expression such as -delete")
         elif t in ("-delete", "-fls") or t.startswith(("-exec", "-ok", "-fprint")):
-            raise _Refuse(f"find: {t} writes files or runs commands")
+            raise Refuse(f"find: {t} writes files or runs commands")
         else:
             expect_value = t in _FIND_ARG or t.startswith("-newer")
 
@@ -252,54 +268,54 @@ def _find(cmd: str, args: list[_Arg], depth: int) -> None:
 def _opts_rule(max_operands: int | None = None, **kw: Any) -> _Rule:
     """A rule that only scans options (and, for uniq, counts operands: a second one is written)."""
 
-    def rule(cmd: str, args: list[_Arg], depth: int) -> None:
-        _, pos = _options(cmd, args, **kw)
+    def rule(cmd: str, args: list[Arg], nest: Nesting) -> None:
+        _, pos = scan_options(cmd, args, **kw)
         if max_operands is not None and (len(pos) > max_operands or any(p.multi for p in pos)):
-            raise _Refuse(f"{cmd}: a further file operand is an output file")
+            raise Refuse(f"{cmd}: a further file operand is an output file")
 
     return rule
 
 
-def _date(cmd: str, args: list[_Arg], depth: int) -> None:
-    _, pos = _options(cmd, args, takes="dfr", attached="I", bad="s", bad_long=("set",),
+def _date(cmd: str, args: list[Arg], nest: Nesting) -> None:
+    _, pos = scan_options(cmd, args, takes="dfr", attached="I", bad="s", bad_long=("set",),
                       long_takes=("date", "file", "reference"))
     if any(p.text is None or not p.text.startswith("+") for p in pos):
-        raise _Refuse("date: an operand that is not +FORMAT sets the clock")
+        raise Refuse("date: an operand that is not +FORMAT sets the clock")
 
 
 _HOSTNAME_OK = frozenset("-f -s -i -I -d -a -A --fqdn --long --short --ip-address "
                          "--all-ip-addresses --domain --alias --all-fqdns".split())
 
 
-def _hostname(cmd: str, args: list[_Arg], depth: int) -> None:
+def _hostname(cmd: str, args: list[Arg], nest: Nesting) -> None:
     if any(a.text not in _HOSTNAME_OK for a in args):
-        raise _Refuse("hostname: only query options are allowed (an operand sets the name)")
+        raise Refuse("hostname: only query options are allowed (an operand sets the name)")
 
 
-def _xxd(cmd: str, args: list[_Arg], depth: int) -> None:
+def _xxd(cmd: str, args: list[Arg], nest: Nesting) -> None:
     pos, i = 0, 0
     while i < len(args):
         t = args[i].text
         i += 1
         if t is None or t.startswith("-r"):
-            raise _Refuse("xxd: -r or a non-literal argument (xxd -r writes binary)")
+            raise Refuse("xxd: -r or a non-literal argument (xxd -r writes binary)")
         if t in ("-c", "-cols", "-g", "-groupsize", "-l", "-len", "-n", "-name", "-o", "-s",
                  "-seek", "-R"):
             i += 1
         elif t == "-" or not t.startswith("-"):
             pos += 1
     if pos > 1:
-        raise _Refuse("xxd: a second operand is an output file")
+        raise Refuse("xxd: a second operand is an output file")
 
 
-def _awk(cmd: str, args: list[_Arg], depth: int) -> None:
-    opts, pos = _options(cmd, args, takes="Fv", long_takes=("field-separator", "assign"),
+def _awk(cmd: str, args: list[Arg], nest: Nesting) -> None:
+    opts, pos = scan_options(cmd, args, takes="Fv", long_takes=("field-separator", "assign"),
                          permute=False)
     if any(k not in ("F", "v", "field-separator", "assign") for k, _ in opts):
-        raise _Refuse("awk: only -F and -v are allowed (others load files or write profiles)")
+        raise Refuse("awk: only -F and -v are allowed (others load files or write profiles)")
     prog = pos[0].text if pos else None
     if prog is None or any(x in prog for x in ("system", ">", "|", "@", "/inet")):
-        raise _Refuse("awk: program may write files or run commands (system, >, |)")
+        raise Refuse("awk: program may write files or run commands (system, >, |)")
 
 
 _GIT_GLOBAL_OK = frozenset("--no-pager -P --no-optional-locks --literal-pathspecs --glob-pathspecs "
@@ -313,88 +329,88 @@ _GIT_CONFIG_WRITE = {"add", "replace-all", "unset", "unset-all", "rename-section
                      "remove-section", "e", "edit", "set"}
 
 
-def _git(cmd: str, args: list[_Arg], depth: int) -> None:
+def _git(cmd: str, args: list[Arg], nest: Nesting) -> None:
     i = 0
     while i < len(args) and args[i].text in _GIT_GLOBAL_OK:
         i += 1
     sub = args[i].text if i < len(args) else None
     if sub is None or sub.startswith("-"):
-        raise _Refuse(f"git: {args[i].src if i < len(args) else 'no subcommand'}: global options "
+        raise Refuse(f"git: {args[i].src if i < len(args) else 'no subcommand'}: global options "
                       "such as -c, -C and --git-dir can change what git runs")
     if sub not in _GIT_READ:
-        raise _Refuse(f"git {sub}: not a read-only git subcommand")
-    opts, pos = _options(f"git {sub}", args[i + 1:], bad="O" if sub == "grep" else "",
+        raise Refuse(f"git {sub}: not a read-only git subcommand")
+    opts, pos = scan_options(f"git {sub}", args[i + 1:], bad="O" if sub == "grep" else "",
                          bad_long=_GIT_BAD_LONG)
     keys = {k for k, _ in opts}
     words = [p.text for p in pos]
     if sub == "branch" and (not keys <= {"a", "r", "l", "v", "all", "remotes", "list", "verbose",
                                          "show-current", "no-color"}
                             or (pos and not keys & {"l", "list"})):
-        raise _Refuse("git branch: only listing (-a, -r, -v, --list) is read-only")
+        raise Refuse("git branch: only listing (-a, -r, -v, --list) is read-only")
     if sub == "tag" and (not keys <= {"l", "list"} or (pos and not keys)):
-        raise _Refuse("git tag: only listing (no arguments or -l) is read-only")
+        raise Refuse("git tag: only listing (no arguments or -l) is read-only")
     if sub == "remote" and not ((not pos and keys <= {"v", "verbose"})
                                 or (words[:1] == ["get-url"] and len(pos) == 2)):
-        raise _Refuse("git remote: only listing (-v) and get-url are read-only")
+        raise Refuse("git remote: only listing (-v) and get-url are read-only")
     if sub == "config" and (keys & _GIT_CONFIG_WRITE or (words[:1] and words[0] in _GIT_CONFIG_WRITE)
                             or not (keys & _GIT_CONFIG_READ or words[:1] in (["get"], ["list"]))):
-        raise _Refuse("git config: only --get/--get-all/--get-regexp/--list are read-only")
+        raise Refuse("git config: only --get/--get-all/--get-regexp/--list are read-only")
 
 
-def _env(cmd: str, args: list[_Arg], depth: int) -> None:
+def _env(cmd: str, args: list[Arg], nest: Nesting) -> None:
     i = 0
     while i < len(args):
         t = args[i].text
         if t is None:
-            raise _Refuse(f"env: {args[i].src!r} is not a literal word")
+            raise Refuse(f"env: {args[i].src!r} is not a literal word")
         if t in ("-u", "--unset"):
             i += 1
             if i < len(args) and args[i].text is None:
-                raise _Refuse("env: -u needs a literal name")
+                raise Refuse("env: -u needs a literal name")
         elif t.startswith("-") and t not in ("-i", "--ignore-environment", "-0", "--null", "--") \
                 and not t.startswith(("-u", "--unset=")):
-            raise _Refuse(f"env: option {t} is not allowed")
+            raise Refuse(f"env: option {t} is not allowed")
         elif "=" in t and not t.startswith("-"):
-            _check_var(t.partition("=")[0])
+            check_var(t.partition("=")[0])
         elif not t.startswith("-"):
             break
         i += 1
-    _run_inner(cmd, args[i:], depth, required=False)
+    _run_inner(cmd, args[i:], nest, required=False)
 
 
-def _xargs(cmd: str, args: list[_Arg], depth: int) -> None:
-    _, pos = _options(cmd, args, takes="adEILnPs", attached="eil", bad="po",
+def _xargs(cmd: str, args: list[Arg], nest: Nesting) -> None:
+    _, pos = scan_options(cmd, args, takes="adEILnPs", attached="eil", bad="po",
                       bad_long=("open-tty", "interactive"), permute=False)
     if pos and pos[0].text not in _SIMPLE:
-        raise _Refuse(f"xargs: {pos[0].src} is not a command that is read-only for any argument")
-    _run_inner(cmd, pos, depth, required=False)
+        raise Refuse(f"xargs: {pos[0].src} is not a command that is read-only for any argument")
+    _run_inner(cmd, pos, nest, required=False)
 
 
 def _wrapper(takes: str = "", skip: int = 0, long_takes: tuple[str, ...] = ()) -> _Rule:
-    def rule(cmd: str, args: list[_Arg], depth: int) -> None:
-        opts, pos = _options(cmd, args, takes=takes, long_takes=long_takes, permute=False)
+    def rule(cmd: str, args: list[Arg], nest: Nesting) -> None:
+        opts, pos = scan_options(cmd, args, takes=takes, long_takes=long_takes, permute=False)
         if cmd == "command" and any(k in ("v", "V") for k, _ in opts):
             return  # command -v NAME only prints
         if any(p.multi for p in pos[:skip]):
-            raise _Refuse(f"{cmd}: {pos[0].src!r} may expand to several words")
-        _run_inner(cmd, pos[skip:], depth, required=cmd == "timeout")
+            raise Refuse(f"{cmd}: {pos[0].src!r} may expand to several words")
+        _run_inner(cmd, pos[skip:], nest, required=cmd == "timeout")
 
     return rule
 
 
-def _test(cmd: str, args: list[_Arg], depth: int) -> None:
+def check_test_args(cmd: str, args: list[Arg]) -> None:
     if cmd == "[" and args and args[-1].text == "]":
         args = args[:-1]
     if any(a.text in ("-v", "-R") for a in args):
-        raise _Refuse(f"{cmd}: -v/-R evaluate array subscripts (code) in variable contents")
+        raise Refuse(f"{cmd}: -v/-R evaluate array subscripts (code) in variable contents")
     if all(a.text is not None for a in args):
         return
     n = len(args)
     if any(a.multi for a in args) or n > 3 or (n >= 2 and args[n - 2].text is None):
-        raise _Refuse(f"{cmd}: a non-literal argument could become a test operator")
+        raise Refuse(f"{cmd}: a non-literal argument could become a test operator")
 
 
-def _shell_script(cmd: str, args: list[_Arg]) -> str:
+def inner_shell_script(cmd: str, args: list[Arg]) -> str:
     i, seen_c = 0, False
     while i < len(args):
         t = args[i].text or ""
@@ -407,21 +423,26 @@ def _shell_script(cmd: str, args: list[_Arg]) -> str:
         else:
             break
     if not seen_c or i >= len(args) or args[i].text is None:
-        raise _Refuse(f"{cmd}: only `{cmd} -c '<literal script>'` is allowed, not a script file")
+        raise Refuse(f"{cmd}: only `{cmd} -c '<literal script>'` is allowed, not a script file")
     return args[i].text  # type: ignore[return-value]
 
 
-def _shell(cmd: str, args: list[_Arg], depth: int) -> None:
-    # the inner script is checked like the outer one; imported here because
-    # shell_readonly imports this module
-    from qwenctxd.agents.shell_readonly import _check_script
+def _shell(cmd: str, args: list[Arg], nest: Nesting) -> None:
+    # the inner script is checked like the outer one, by the walk that found this command
+    nest.check_script(inner_shell_script(cmd, args), nest.depth + 1)
 
-    _check_script(_shell_script(cmd, args), depth + 1)
+
+def _sed_rule(cmd: str, args: list[Arg], nest: Nesting) -> None:
+    check_sed(cmd, args)
+
+
+def _test_rule(cmd: str, args: list[Arg], nest: Nesting) -> None:
+    check_test_args(cmd, args)
 
 
 _RULES: dict[str, _Rule] = {
-    "sed": _sed, "find": _find, "date": _date, "hostname": _hostname, "xxd": _xxd, "awk": _awk,
-    "git": _git, "env": _env, "xargs": _xargs, "test": _test, "[": _test,
+    "sed": _sed_rule, "find": _find, "date": _date, "hostname": _hostname, "xxd": _xxd, "awk": _awk,
+    "git": _git, "env": _env, "xargs": _xargs, "test": _test_rule, "[": _test_rule,
     "bash": _shell, "sh": _shell, "dash": _shell,
     "sort": _opts_rule(takes="kotST", bad="oT", long_takes=("key", "field-separator"),
                          bad_long=("output", "compress-program", "temporary-directory")),

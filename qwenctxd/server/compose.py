@@ -9,9 +9,10 @@ patched in afterwards and nothing is looked up in module globals. Order, bottom 
     memory        (every call brings its resolved Project; no registry of its own)
     skills, audit log, extractor, skill reviewer, speculation
     background    (extraction, dream and skill review after turns; the idle dream loop)
-    session search (the FTS index of every session file; fed by the sessions' record hook)
-    sessions      (hooks: after a user turn → background + speculation; after a completed
-                   turn → background), then the turn pipeline over them
+    session search (the FTS index of every session file; fed by the store's record hook)
+    sessions      the store (transcripts, fsync, index), the manager (the open sessions),
+                  the compactor, then the turn pipeline over them all (hooks: after a user
+                  turn → background + speculation; after a completed turn → background)
 
 The server (:class:`qwenctxd.server.app.Daemon`) owns the lifecycle and the socket; the
 handler families (:mod:`qwenctxd.server.methods`) are constructed over these services, each
@@ -38,8 +39,10 @@ from qwenctxd.model.scheduler import EndpointScheduler
 from qwenctxd.paths import runtime_base_dir
 from qwenctxd.project import Project, ProjectRegistry
 from qwenctxd.server.background import Background
+from qwenctxd.sessions.compacting import Compactor
 from qwenctxd.sessions.manager import SessionManager
 from qwenctxd.sessions.search import SessionSearch
+from qwenctxd.sessions.store import SessionStore
 from qwenctxd.sessions.turns import TurnPipeline
 from qwenctxd.skills.service import SkillsService
 from qwenctxd.tasks import TaskRegistry
@@ -107,15 +110,20 @@ def build_services(config: ConfigStore, *, state: Path, bump: Callable[[str], No
     search = SessionSearch(state / "session_search.sqlite",
                            projects_root=runtime_base_dir() / "projects",
                            hub=None if no_search else hub)
-    sessions = SessionManager(
-        config=config, instructions=instructions, model=the_model, tasks=tasks, bus=bus,
-        index_path=state / "sessions.sqlite", skills=skills, memory=memory,
-        turn_complete_hooks=[background.on_turn_complete],
+    store = SessionStore(index_path=state / "sessions.sqlite", tasks=tasks,
+                         record_hooks=[] if no_search else [search.recorded])
+    sessions = SessionManager(config=config, instructions=instructions, model=the_model,
+                              tasks=tasks, store=store)
+    compactor = Compactor(sessions=sessions.sessions, store=store, instructions=instructions,
+                          model=the_model, bus=bus)
+    turns = TurnPipeline(
+        sessions=sessions.sessions, store=store, instructions=instructions, model=the_model,
+        tasks=tasks, bus=bus, compactor=compactor, skills=skills, memory=memory,
         user_turn_hooks=[lambda s: background.on_user_turn(s.project),
                          lambda s: speculation.abort_session(s.id)],
-        record_hooks=[] if no_search else [search.recorded],
+        turn_complete_hooks=[background.on_turn_complete],
     )
     return Services(config=config, bus=bus, tasks=tasks, hub=hub, model=model, projects=projects,
                     instructions=instructions, memory=memory, skills=skills, audit=audit,
                     extractor=extractor, reviewer=reviewer, speculation=speculation,
-                    background=background, search=search, sessions=sessions, turns=TurnPipeline(sessions))
+                    background=background, search=search, sessions=sessions, turns=turns)

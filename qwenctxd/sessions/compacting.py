@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import structlog
@@ -22,11 +23,14 @@ from qwenctxd.compaction.estimate import history_tokens
 from qwenctxd.compaction.thresholds import compute_thresholds as _compute_thresholds
 from qwenctxd.compaction.thresholds import level
 from qwenctxd.config.schema import Settings
+from qwenctxd.events import EventBus
+from qwenctxd.instructions.service import InstructionsService
+from qwenctxd.model import ModelClient
 from qwenctxd.protocol import session as wire
 from qwenctxd.protocol import turn_events as ev
-from qwenctxd.sessions.manager import SessionManager
-from qwenctxd.sessions.state import Session, system_tokens
-from qwenctxd.skills.listing import SKILL_NAME
+from qwenctxd.sessions.agent_request import system_prompt
+from qwenctxd.sessions.state import Session, SessionTable, system_tokens
+from qwenctxd.sessions.store import SessionStore
 
 log = structlog.get_logger("qwenctxd.turns")
 compute_thresholds = functools.lru_cache(maxsize=256)(_compute_thresholds)  # same per session
@@ -50,10 +54,18 @@ class Compression:
 
 
 class Compactor:
-    """The compaction triggers of a turn and ``session.compress``, for one manager's sessions."""
+    """The compaction triggers of a turn and ``session.compress``: ``sessions`` the open
+    sessions by id, ``store`` records what each step did, ``instructions`` gives the settings
+    and the system prompt, ``model`` summarises, ``bus`` hears of each compression."""
 
-    def __init__(self, manager: SessionManager) -> None:
-        self.m = manager
+    def __init__(self, *, sessions: SessionTable, store: SessionStore,
+                 instructions: InstructionsService, model: Callable[[], ModelClient],
+                 bus: EventBus) -> None:
+        self.sessions = sessions
+        self.store = store
+        self.instructions = instructions
+        self._model = model
+        self.bus = bus
 
     @staticmethod
     def settings(s: Session) -> Settings:
@@ -76,7 +88,7 @@ class Compactor:
         if r.messages is s.history.messages:
             return 0
         s.replace_history(r.messages, keep_anchor_delta=r.tokens_saved)
-        self.m.record(s, {}, subtype="micro_compaction", payload={
+        self.store.record(s, {}, subtype="micro_compaction", payload={
             "trigger": trigger, "cleared": r.cleared, "tokensSaved": r.tokens_saved,
             "compressedHistory": r.messages})
         events.append(ev.MicroCompacted(trigger=trigger, cleared=r.cleared, kept=r.kept,
@@ -125,9 +137,9 @@ class Compactor:
     async def compress_now(self, p: wire.CompressParams) -> wire.CompressResult:
         """``session.compress``: ``fast`` clears old tool output at once (forced
         micro-compaction, reasoning stripped); ``full`` summarises the history with the model."""
-        s = self.m.get(p.session_id)
+        s = self.sessions.session(p.session_id)
         async with s.lock:
-            sp = await self.m.system_prompt(s)
+            sp = await system_prompt(self.instructions, s)
             sys_tok = system_tokens(sp.text, s.options.tools)
             if p.mode != "fast":
                 compression = await self.compress(s, trigger="manual", focus=p.instructions,
@@ -159,12 +171,12 @@ class Compactor:
                 transcript_path=str(s.path))
 
         result = await post_compact.compress(
-            self.m.model, s.history.messages, trigger=trigger, focus=focus,
+            self._model(), s.history.messages, trigger=trigger, focus=focus,
             workspace_root=s.project.anchor, tokens_before=history_before,
             estimate_history=lambda h: history_tokens(h, image_tokens=s.history.image_tokens),
             pre_hook=pre_hook if hook_cfg.get("PreCompact") else None,
             post_hook=post_hook if hook_cfg.get("PostCompact") else None,
-            file_tools=restoration_tools(s),
+            file_tools=s.options.restoration_tools(),
             touched_paths=list(s.deliveries.touched),
             max_files=settings.model.chat_compression.max_recent_files_to_retain,
             max_images=settings.model.chat_compression.max_recent_images_to_retain,
@@ -173,7 +185,7 @@ class Compactor:
         if result.status == "compressed":
             s.replace_history(result.history)
             s.compaction.breaker.record(True)
-            self.m.record(s, {}, subtype="chat_compression", payload={
+            self.store.record(s, {}, subtype="chat_compression", payload={
                 "info": {"status": result.status, "trigger": trigger, "reason": reason,
                          "originalTokenCount": before_total,
                          "newTokenCount": sys_tok + result.tokens_after},
@@ -182,7 +194,7 @@ class Compactor:
             done = ev.Compressed(status=result.status, trigger=trigger, reason=reason,
                                  tokens_before=before_total, tokens_after=after)
             events.append(done)
-            self.m.bus.publish("session/compressed",
+            self.bus.publish("session/compressed",
                                {"session_id": s.id, **ev.to_wire([done])[0]})
         else:
             s.compaction.breaker.record(False)
@@ -195,13 +207,3 @@ class Compactor:
                            events=events,
                            cause=None if result.status == "compressed" else result.error)
 
-
-def restoration_tools(s: Session) -> dict[str, str] | None:
-    """The file tools whose calls name the files to restore after compaction: the declared
-    ones, Qwen Code's when the client declared none (the daemon's own ``skill`` tool, added to
-    every session, is not a declaration)."""
-    roles = s.options.tool_roles
-    if roles is None:
-        return None
-    own = frozenset({SKILL_NAME}) if s.options.own_skill else frozenset()
-    return roles.restoration_tools(own=own)

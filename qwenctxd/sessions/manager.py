@@ -1,10 +1,10 @@
-"""SessionManager: open, resume, list, recap, summarise, delete and close sessions.
+"""SessionManager: the table of open sessions — open, resume, list, recap, summarise, delete
+and close them, and close idle ones.
 
 Sessions live in the daemon, not in a connection: any client may continue a session by id, and
-a session survives its client disconnecting. Each session records to
-``~/.qwen/projects/<slug>/chats/<uuid>.jsonl`` (Qwen Code's ChatRecord field names); a small
-SQLite index serves ``session.list`` without parsing every file and is re-synced from the files
-at start. The turn pipeline itself lives in ``sessions.turns``.
+a session survives its client disconnecting. How a session is persisted (its JSONL, the fsync
+policy, the index) is :class:`~qwenctxd.sessions.store.SessionStore`'s; the turn pipeline lives
+in ``sessions.turns``.
 """
 
 from __future__ import annotations
@@ -12,42 +12,32 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
-from datetime import UTC, datetime
+from collections.abc import Callable, Mapping
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import anyio
 import structlog
 
-from qwenctxd import __version__
 from qwenctxd.compaction import recap as recap_mod
 from qwenctxd.config import ConfigStore
-from qwenctxd.events import EventBus
 from qwenctxd.instructions import tool_roles
 from qwenctxd.instructions.service import InstructionsService
-from qwenctxd.memory.service import MemoryService
 from qwenctxd.model import ModelClient
-from qwenctxd.paths import runtime_base_dir
 from qwenctxd.project import Project
 from qwenctxd.protocol import errors
 from qwenctxd.protocol import session as wire
-from qwenctxd.sessions import jsonl_writer, records, titles
-from qwenctxd.sessions.index import SessionIndex
-from qwenctxd.sessions.state import History, Session, SessionOptions
+from qwenctxd.sessions import agent_request, records, titles
+from qwenctxd.sessions.state import History, Session, SessionOptions, SessionTable
+from qwenctxd.sessions.store import SessionStore
 from qwenctxd.sessions.window import session_window
 from qwenctxd.skills.listing import SKILL_NAME, SKILL_TOOL
-from qwenctxd.skills.service import SkillsService
 from qwenctxd.tasks import TaskRegistry
 
 log = structlog.get_logger("qwenctxd.sessions")
 PROJECT_SUMMARY_NAME = "PROJECT_SUMMARY.md"
-FSYNC_INTERVAL_S = 1.0
 KEEP_REASONING = ("none", "current_turn", "all")
-
-
-def iso(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).isoformat().replace("+00:00", "Z")
 
 
 class SessionManager:
@@ -58,29 +48,15 @@ class SessionManager:
         instructions: InstructionsService,
         model: Callable[[], ModelClient],
         tasks: TaskRegistry,
-        bus: EventBus,
-        index_path: Path,
-        skills: SkillsService | None = None,
-        memory: MemoryService | None = None,
+        store: SessionStore,
         environ: Mapping[str, str] | None = None,
-        turn_complete_hooks: Sequence[Callable[[Session], list[str]]] = (),
-        user_turn_hooks: Sequence[Callable[[Session], None]] = (),
-        record_hooks: Sequence[Callable[[Path], None]] = (),
     ) -> None:
         self.config = config
-        # background work after a completed user-query turn (its names are reported as
-        # ``scheduled``), and what a new user turn interrupts (dream, speculation)
-        self.turn_complete_hooks = tuple(turn_complete_hooks)
-        self.user_turn_hooks = tuple(user_turn_hooks)
-        self.record_hooks = tuple(record_hooks)  # a record was appended to this file (search)
         self.instructions = instructions
         self._model = model
         self.tasks = tasks
-        self.bus = bus
-        self.index = SessionIndex(index_path)
-        self.sessions: dict[str, Session] = {}
-        self.skills: SkillsService | None = skills
-        self.memory: MemoryService | None = memory
+        self.store = store
+        self.sessions = SessionTable()
         self._environ = environ if environ is not None else os.environ
         self._opened_at: dict[str, float] = {}  # wall time each session was opened here
 
@@ -90,25 +66,16 @@ class SessionManager:
 
     # -- lifecycle ----------------------------------------------------------------------------
     async def start(self) -> None:
-        await self.index.open()
-        if self.tasks.accepting:
-            self.tasks.submit("index-sync", self._sync_index, description="sync session index")
-
-    async def _sync_index(self) -> None:
-        await self.index.sync(runtime_base_dir() / "projects")
+        await self.store.start()
 
     async def aclose(self) -> None:
         for s in list(self.sessions.values()):
-            s.writer.close()
+            self.store.close_writer(s)
         self.sessions.clear()
-        await self.index.close()
+        await self.store.aclose()
 
     def get(self, session_id: str) -> Session:
-        s = self.sessions.get(session_id)
-        if s is None:
-            raise errors.SessionNotFound(f"unknown session {session_id}",
-                                         data={"session_id": session_id})
-        return s
+        return self.sessions.session(session_id)
 
     # -- open / resume ------------------------------------------------------------------------
     async def open(self, project: Project, cwd: Path, p: wire.OpenParams) -> wire.OpenResult:
@@ -131,7 +98,7 @@ class SessionManager:
         resumed = False
         state: records.ResumeState | None = None
         if p.resume or p.session_id:
-            found = await self._find_file(session_id, cwd)
+            found = await self.store.find(session_id, cwd)
             if found is not None:
                 path = found
                 state = await anyio.to_thread.run_sync(records.resume, path)
@@ -159,21 +126,19 @@ class SessionManager:
         s = Session(
             id=session_id, cwd=cwd, project=project, model=p.model, options=opts, env=env,
             path=path, model_base_url=p.model_base_url,
-            # fsync happens in a background job (at most once a second), never on the turn path;
-            # close() still fsyncs
-            writer=jsonl_writer.JsonlWriter(path, fsync="interval", fsync_interval=float("inf")),
+            writer=self.store.writer_for(path),
             history=History(image_tokens=int(self._environ.get("QWEN_IMAGE_TOKEN_ESTIMATE", 0))
                             or settings.model.chat_compression.image_token_estimate),
         )
         options = {"windowTokens": window, "windowSource": window_source, "tools": client_tools,
                    "agent": agent, "keepReasoning": keep, "autoCompactThreshold": pct}
         if options != saved:
-            self.record(s, {}, subtype=records.SUBTYPE_OPTIONS, payload=options)
+            self.store.record(s, {}, subtype=records.SUBTYPE_OPTIONS, payload=options)
         warnings: list[str] = []
         torn: list[int] = []
         if state is not None:
             s.replace_history(state.messages)
-            s.writer.remember_tool_calls(state.messages)
+            self.store.resumed(s, state.messages)
             s.title = state.title
             s.started_at = _parse_iso(state.started_at) or s.started_at
             s.updated_at = _parse_iso(state.updated_at) or s.updated_at
@@ -204,7 +169,7 @@ class SessionManager:
         tokens, _ = s.estimate(sys_tok)
         s.usage.prompt_tokens = tokens
         if not resumed:
-            await self._index_upsert(s)
+            await self.store.upsert(s)
         log.info("session opened", session=session_id, resumed=resumed, messages=len(s.history.messages),
                  torn=len(torn))
         return wire.OpenResult(session_id=session_id, resumed=resumed, messages=len(s.history.messages),
@@ -213,39 +178,13 @@ class SessionManager:
                                torn_lines=torn, warnings=warnings)
 
     async def system_prompt(self, s: Session) -> Any:
-        """The system prompt of ``s``: its model, env, declared tools, agent identity and the
-        git snapshot taken when it opened."""
-        return await self.instructions.system_prompt(
-            s.project, s.cwd, model=s.model, env=s.env, tool_roles=s.options.tool_roles,
-            agent=(s.options.agent or {}).get("name"), git_snapshot=s.git_snapshot)
-
-    async def _find_file(self, session_id: str, cwd: Path) -> Path | None:
-        row = await self.index.get(session_id)
-        hint = Path(row["path"]) if row and row.get("path") else None
-        return await anyio.to_thread.run_sync(_locate, session_id, cwd, hint)
-
-    async def _index_upsert(self, s: Session) -> None:
-        summary = records.SessionSummary(
-            session_id=s.id, path=str(s.path), cwd=str(s.cwd), started_at=iso(s.started_at),
-            updated_at=iso(s.updated_at), messages=len(s.history.messages), title=s.title,
-            size=_size(s.path), mtime_ns=_mtime(s.path))
-        await self.index.upsert(summary, project=str(s.project.anchor))
-
-    def schedule_index_touch(self, s: Session) -> None:
-        if not self.tasks.accepting:
-            return
-
-        async def touch() -> None:
-            await self.index.touch(s.id, updated_at=iso(s.updated_at), messages=len(s.history.messages),
-                                   size=_size(s.path), mtime_ns=_mtime(s.path), title=s.title)
-
-        self.tasks.submit("index", touch, key=f"index:{s.id}", project=str(s.project.anchor))
+        """The system prompt of ``s`` (see :func:`agent_request.system_prompt`)."""
+        return await agent_request.system_prompt(self.instructions, s)
 
     # -- list / recap / summary / delete / close ----------------------------------------------
     async def list(self, cwd: Path | None) -> wire.ListResult:
         # sessions Qwen Code recorded meanwhile appear too (only changed files are rescanned)
-        await self.index.sync(runtime_base_dir() / "projects")
-        rows = await self.index.list(project=str(cwd) if cwd else None)
+        rows = await self.store.rows(str(cwd) if cwd else None)
         out = [
             wire.SessionInfo(session_id=r["session_id"], cwd=r.get("cwd") or "",
                              started_at=r.get("started_at"), updated_at=r.get("updated_at"),
@@ -273,31 +212,12 @@ class SessionManager:
         checked_id(session_id)
         s = self.sessions.pop(session_id, None)
         self._opened_at.pop(session_id, None)
-        path: Path | None = None
         if s is not None:
-            s.writer.close()
-            path = s.path
-        else:
-            row = await self.index.get(session_id)
-            path = Path(row["path"]) if row and row.get("path") else None
-            if path is None:
-                path = await self._find_file(session_id, Path("/"))
-        deleted = False
-        if path is not None:
-            try:
-                path.unlink()
-                deleted = True
-            except FileNotFoundError:
-                pass
-        await self.index.delete(session_id)
+            self.store.close_writer(s)
+        deleted = await self.store.delete(session_id, s.path if s is not None else None)
         return wire.DeleteResult(deleted=deleted or s is not None)
 
     # -- titles -------------------------------------------------------------------------------
-    def apply_title(self, s: Session, title: str, *, source: str) -> None:
-        """Set ``s.title`` and record it (a ``custom_title`` record) in the session's JSONL."""
-        s.title = title
-        self.record(s, {}, subtype=records.SUBTYPE_TITLE,
-                    payload={"customTitle": title, "titleSource": source})
 
     async def set_title(self, session_id: str, raw: str) -> wire.SetTitleResult:
         """The user's title for an open or a recorded session; never replaced by an auto one."""
@@ -306,52 +226,22 @@ class SessionManager:
         s = self.sessions.get(session_id)
         if s is not None:
             async with s.lock:
-                self.apply_title(s, title, source="manual")
-            await self._index_upsert(s)
+                self.store.record_title(s, title, source="manual")
+            await self.store.upsert(s)
             return wire.SetTitleResult(session_id=session_id, title=title)
-        row = await self.index.get(session_id)
-        hint = Path(row["path"]) if row and row.get("path") else None
-        path = await anyio.to_thread.run_sync(_locate, session_id, Path("/"), hint)
-        if path is None:
-            raise errors.SessionNotFound(f"unknown session {session_id}",
-                                         data={"session_id": session_id})
-
-        def append() -> records.SessionSummary:
-            writer = jsonl_writer.JsonlWriter(path, session_id=session_id, version=__version__,
-                                         fsync="always")
-            try:
-                writer.append_title(title, source="manual")
-            finally:
-                writer.close()
-            return records.scan_summary(path)
-
-        summary = await anyio.to_thread.run_sync(append)
-        await self.index.upsert(summary, project=None)
+        await self.store.title_recorded(session_id, title)
         return wire.SetTitleResult(session_id=session_id, title=title)
 
     async def close(self, session_id: str) -> None:
         s = self.get(session_id)
         if s.deliveries.prefetch is not None:
             self.tasks.cancel(s.deliveries.prefetch)
-        self.end_foreground(s)
+        agent_request.end_foreground(self.model, s)
         async with s.lock:
-            s.writer.close()
+            self.store.close_writer(s)
             self.sessions.pop(session_id, None)
             self._opened_at.pop(session_id, None)
-        await self._index_upsert(s)
-
-    # -- foreground marks (model/scheduler.py) --------------------------------------------------
-    def begin_foreground(self, s: Session) -> None:
-        """``s``'s agent is about to send the prompt just assembled to its model server."""
-        sched = self.model.scheduler
-        if sched is not None and s.model_base_url:
-            sched.begin_foreground(s.model_base_url, s.id)
-
-    def end_foreground(self, s: Session) -> None:
-        """``s``'s agent has its answer (or gave up)."""
-        sched = self.model.scheduler
-        if sched is not None:
-            sched.end_foreground(s.id)
+        await self.store.upsert(s)
 
     # -- idle close ---------------------------------------------------------------------------
     def idle_for(self, s: Session, now: float) -> float:
@@ -400,15 +290,8 @@ class SessionManager:
         async with s.lock:
             for m in messages:
                 s.append(m)
-                self.record(s, m)
+                self.store.record(s, m)
             s.turn.adopted(complete=complete)
-
-    def on_user_turn_complete(self, s: Session) -> list[str]:
-        """Hook for background work after a user-query turn (extraction, dream: issue 7)."""
-        scheduled: list[str] = []
-        for hook in self.turn_complete_hooks:
-            scheduled.extend(hook(s))
-        return scheduled
 
     def summaries(self) -> list[dict[str, Any]]:
         from qwenctxd.compaction.thresholds import compute_thresholds, level
@@ -420,33 +303,6 @@ class SessionManager:
                         "messages": len(s.history.messages), "prompt_tokens": s.usage.prompt_tokens,
                         "window_tokens": s.options.window_tokens, "level": level(s.usage.prompt_tokens, th)})
         return out
-
-    def record(self, s: Session, msg: dict[str, Any], *, usage: dict[str, int] | None = None,
-               subtype: str | None = None, payload: dict[str, Any] | None = None) -> None:
-        """Append one ChatRecord for ``msg`` (or a system record) to the session's JSONL."""
-        role = msg.get("role") if msg else None
-        rtype = {"user": "user", "assistant": "assistant", "tool": "tool_result"}.get(
-            role or "", "system")
-        rec = records.ChatRecord(
-            uuid=str(uuid.uuid4()), parentUuid=None, sessionId=s.id, timestamp=iso(time.time()),
-            type=rtype if payload is None else "system", subtype=subtype, cwd=str(s.cwd),
-            version=__version__, message=msg if payload is None else None, usage=usage,
-            model=s.model if rtype == "assistant" else None, systemPayload=payload,
-            contextWindowSize=s.options.window_tokens if payload is not None else None,
-        )
-        try:
-            s.writer.append(rec)
-        except OSError as exc:
-            log.error("session record write failed", session=s.id, error=exc.strerror)
-            return
-        for hook in self.record_hooks:
-            hook(s.path)
-        now = time.monotonic()
-        if now - s.last_flush >= FSYNC_INTERVAL_S and self.tasks.accepting:
-            s.last_flush = now
-            writer = s.writer
-            self.tasks.submit("jsonl-flush", lambda: anyio.to_thread.run_sync(_fsync, writer),
-                              key=f"jsonl-flush:{s.id}", project=str(s.project.anchor))
 
 
 def checked_id(session_id: str) -> str:
@@ -485,13 +341,6 @@ def _agent(v: Any) -> dict[str, Any] | None:
     return dict(v) if isinstance(v, dict) and isinstance(v.get("name"), str) else None
 
 
-def _fsync(writer: jsonl_writer.JsonlWriter) -> None:
-    try:
-        writer.sync()
-    except (OSError, ValueError):  # closed meanwhile: close() fsynced it
-        pass
-
-
 def _parse_iso(value: str | None) -> float | None:
     if not value:
         return None
@@ -499,37 +348,3 @@ def _parse_iso(value: str | None) -> float | None:
         return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
     except ValueError:
         return None
-
-
-def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except OSError:
-        return 0
-
-
-def _mtime(path: Path) -> int:
-    try:
-        return path.stat().st_mtime_ns
-    except OSError:
-        return 0
-
-
-def _locate(session_id: str, cwd: Path, hint: Path | None) -> Path | None:
-    """The JSONL of ``session_id``: under cwd's project dir, where the index says, or in any
-    project's chats dir (a session may be continued from another directory)."""
-    direct = records.session_path(cwd, session_id)
-    if direct.exists():
-        return direct
-    if hint is not None and hint.exists():
-        return hint
-    projects = runtime_base_dir() / "projects"
-    try:
-        slugs = os.listdir(projects)
-    except FileNotFoundError:
-        return None
-    for slug in slugs:
-        cand = projects / slug / "chats" / f"{session_id}.jsonl"
-        if cand.exists():
-            return cand
-    return None

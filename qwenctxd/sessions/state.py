@@ -10,9 +10,10 @@
 * :class:`Deliveries` — touched paths and what rules, skills and memory have been delivered.
 * :class:`TurnState` — the agent loop's turn bookkeeping: whether a user turn is open, whether
   the main agent wrote memory in it, the tool results seen, the calls the daemon answered.
+* :class:`SessionTable` — the open sessions by id (the manager's, read by the pipeline).
 
 What stays on :class:`Session` itself: identity (id, cwd, its resolved project, model, env, title),
-the transcript (path, writer and its fsync pacing ``last_flush``), the lock, and the activity
+the transcript (path and writer; its fsync policy is the store's), the lock, and the activity
 clock (``started_at``, ``updated_at``, ``last_model_reply_at``; see :class:`TurnState` for why
 the last reply's time is not turn state).
 
@@ -35,7 +36,9 @@ import anyio
 from qwenctxd.compaction.estimate import message_tokens
 from qwenctxd.compaction.micro import tool_result_chars
 from qwenctxd.compaction.thresholds import Breaker
+from qwenctxd.protocol import errors
 from qwenctxd.sessions.jsonl_writer import JsonlWriter
+from qwenctxd.skills.listing import SKILL_NAME
 from qwenctxd.tokens import estimate_tokens
 
 if TYPE_CHECKING:
@@ -131,6 +134,28 @@ class History:
         return (sum(self.tokens[start:]) if n - start <= 64
                 else self.total - sum(self.tokens[:start]))
 
+    def user_turn_starts(self) -> list[int]:
+        """Where each user turn starts: a user message first or right after a reply."""
+        msgs = self.messages
+        return [i for i, m in enumerate(msgs) if m.get("role") == "user"
+                and (i == 0 or msgs[i - 1].get("role") == "assistant")]
+
+    def reply_start(self, keep_reasoning: str, epoch: str | None = None, count: int = 0) -> int:
+        """Where a reply's messages start for a client holding ``count`` messages of
+        ``epoch`` (0 when its copy is of another epoch, or none). Reasoning dropped from a
+        finished turn ("current_turn") changes messages the client holds, so it starts a new
+        epoch first."""
+        cut = self.last_user if self.last_user > 0 else 0
+        if cut > self.wire_cut:
+            if (self.reasoning_count and keep_reasoning == "current_turn"
+                    and any(m.get("role") == "assistant" and any(k in m for k in REASONING_KEYS)
+                            for m in self.messages[self.wire_cut:cut])):
+                self.rewrote()
+            self.wire_cut = cut
+        if epoch is None or epoch != self.epoch or count > len(self.messages):
+            return 0
+        return count
+
     def pending_tool_calls(self) -> list[str]:
         """Ids of the last assistant message's tool calls that have no result yet."""
         for i in range(len(self.messages) - 1, -1, -1):
@@ -214,6 +239,15 @@ class SessionOptions:
     own_skill: bool = True
     window_source: str = "default"  # sessions/window.py: client|upstream|settings|config|default
 
+    def restoration_tools(self) -> dict[str, str] | None:
+        """The file tools whose calls name the files to restore after compaction: the declared
+        ones, Qwen Code's when the client declared none (the daemon's own ``skill`` tool, added
+        to every session, is not a declaration)."""
+        if self.tool_roles is None:
+            return None
+        own = frozenset({SKILL_NAME}) if self.own_skill else frozenset()
+        return self.tool_roles.restoration_tools(own=own)
+
 
 @dataclass
 class CompactionState:
@@ -272,8 +306,8 @@ class TurnState:
     Not here, on purpose: ``last_model_reply_at`` is the session's activity clock, not turn
     state — the idle micro-compaction trigger measures the gap from the last reply to the next
     turn and idle close reads it, so it must survive turn boundaries; it stays on
-    :class:`Session` with ``started_at`` and ``updated_at``. ``last_flush`` paces the
-    transcript's fsync whatever the turn, so it stays next to the writer on :class:`Session`.
+    :class:`Session` with ``started_at`` and ``updated_at``. The transcript's fsync pacing is
+    no turn state either: it is :class:`~qwenctxd.sessions.store.SessionStore`'s.
     """
 
     user_turn_open: bool = False
@@ -334,7 +368,6 @@ class Session:
     updated_at: float = field(default_factory=time.time)
     last_model_reply_at: float | None = None  # activity clock (see TurnState)
     title: str | None = None
-    last_flush: float = 0.0  # monotonic time of the last transcript fsync job
     deliveries: Deliveries = field(default_factory=Deliveries)
     turn: TurnState = field(default_factory=TurnState)
     #: the model server this session's agent talks to (``session.open`` ``model_base_url``;
@@ -360,6 +393,16 @@ class Session:
         self.usage.replaced(len(self.history.messages), keep_anchor_delta)
         self.updated_at = time.time()
 
+    def answered_tail(self) -> bool:
+        """True when the last reply's calls are all answered and the daemon answered some."""
+        msgs = self.history.messages
+        i = len(msgs)
+        own = False
+        while i and msgs[i - 1].get("role") == "tool":
+            own = own or msgs[i - 1].get("tool_call_id") in self.turn.daemon_answered
+            i -= 1
+        return own and i > 0 and msgs[i - 1].get("role") == "assistant"
+
     def estimate(self, system_tokens: int) -> tuple[int, bool]:
         """(prompt tokens, anchored?) for the history plus a system+tools of ``system_tokens``."""
         return self.usage.estimate(self.history, system_tokens)
@@ -367,6 +410,19 @@ class Session:
     def set_anchor(self, prompt_tokens: int, completion_tokens: int, system_tokens: int) -> None:
         """Anchor on the API's count for the whole history as it stands."""
         self.usage.set(prompt_tokens, completion_tokens, system_tokens, len(self.history.messages))
+
+
+class SessionTable(dict[str, Session]):
+    """The daemon's open sessions by id: the manager opens and closes them, the turn pipeline
+    and the compactor look them up."""
+
+    def session(self, session_id: str) -> Session:
+        """The open session ``session_id`` (SessionNotFound when none is open)."""
+        s = self.get(session_id)
+        if s is None:
+            raise errors.SessionNotFound(f"unknown session {session_id}",
+                                         data={"session_id": session_id})
+        return s
 
 
 _SYSTEM_TOKENS: dict[tuple[str, int], tuple[list[dict[str, Any]], int]] = {}

@@ -140,15 +140,13 @@ def read_transcript(path: Path) -> tuple[list[wire.TranscriptEntry], int]:
 
 async def transcript(manager: Any, session_id: str) -> wire.TranscriptResult:
     """The transcript of an open or recorded session (SessionNotFound when there is none)."""
-    from qwenctxd.sessions.manager import _locate, checked_id
+    from qwenctxd.sessions.manager import checked_id
 
     checked_id(session_id)
     s = manager.sessions.get(session_id)
     path: Path | None = s.path if s is not None else None
     if path is None:
-        row = await manager.index.get(session_id)
-        hint = Path(row["path"]) if row and row.get("path") else None
-        path = await anyio.to_thread.run_sync(_locate, session_id, Path("/"), hint)
+        path = await manager.store.find(session_id, Path("/"))
     if path is None or not path.exists():
         raise errors.SessionNotFound(f"no recorded session {session_id}",
                                      data={"session_id": session_id})

@@ -5,54 +5,92 @@ order SPEC §S3 gives (image overflow, hard, auto, warn; idle and size micro-com
 delivers reminders inside the new messages (so they stay in history and the message prefix
 stays cache-stable), and returns a prompt whose ``system + tools + messages`` are a valid
 chat-completions body. ``session.record_model`` appends the reply and re-anchors the token
-count on the API's figure. The compaction steps and ``session.compress`` live in
-``sessions.compacting``; a turn's events are typed (``protocol.turn_events``) until the reply
-is built.
+count on the API's figure. The turn's new messages come from ``sessions.incoming``; the
+compaction steps and ``session.compress`` live in ``sessions.compacting``; a turn's events are
+typed (``protocol.turn_events``) until the reply is built.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import anyio
 import structlog
 
-from qwenctxd.compaction.summary import join_content
 from qwenctxd.compaction.thresholds import context_left_pct, level
 from qwenctxd.config.schema import Settings
+from qwenctxd.events import EventBus
 from qwenctxd.instructions.rules import relative_to_root, rule_reminder
+from qwenctxd.instructions.service import InstructionsService
 from qwenctxd.memory.outbound import render_outbound as render_memories
+from qwenctxd.memory.service import MemoryService
+from qwenctxd.model import ModelClient
 from qwenctxd.model.scheduler import endpoint_key, is_loopback
 from qwenctxd.protocol import errors
 from qwenctxd.protocol import session as wire
 from qwenctxd.protocol import turn_events as ev
 from qwenctxd.protocol.instructions import prefix_hash
 from qwenctxd.sessions import records
+from qwenctxd.sessions.agent_request import begin_foreground, end_foreground, system_prompt
 from qwenctxd.sessions.compacting import Compactor, Events, compute_thresholds
-from qwenctxd.sessions.content_parts import check_parts
 from qwenctxd.sessions.environment import environment_reminder
-from qwenctxd.sessions.manager import SessionManager
-from qwenctxd.sessions.state import REASONING_KEYS, Session, system_tokens
+from qwenctxd.sessions.incoming import incoming_messages
+from qwenctxd.sessions.state import REASONING_KEYS, Session, SessionTable, system_tokens
+from qwenctxd.sessions.store import SessionStore
 from qwenctxd.sessions.titles import auto_title
 from qwenctxd.skills import listing
+from qwenctxd.skills.service import SkillsService
+from qwenctxd.tasks import TaskRegistry
 
 log = structlog.get_logger("qwenctxd.turns")
-NOT_EXECUTED = "[Tool call not executed: the user sent a new message before it ran]"
 MAX_TOUCHED = 2000
 EXTENSION_FIELDS = ("is_error",)  # kept in history for micro-compaction, never sent
 
 
 class TurnPipeline:
-    def __init__(self, manager: SessionManager) -> None:
-        self.m = manager
-        self.compaction = Compactor(manager)
+    """``session.turn``, ``session.record_model``, ``session.rewind`` and ``session.compress``
+    over the collaborators each step needs: ``sessions`` the open sessions by id, ``store``
+    records and indexes, the instructions, skills and memory services give the reminders and
+    the system prompt, ``model`` is the daemon's model client (its scheduler, its side-query
+    endpoint), ``tasks`` runs the memory prefetch, ``bus`` hears of usage warnings and
+    ``compactor`` runs the compaction triggers. ``user_turn_hooks`` run when a user turn
+    begins (what it interrupts: dream, speculation); ``turn_complete_hooks`` after a completed
+    user turn (background work, reported as ``scheduled``)."""
+
+    def __init__(
+        self,
+        *,
+        sessions: SessionTable,
+        store: SessionStore,
+        instructions: InstructionsService,
+        model: Callable[[], ModelClient],
+        tasks: TaskRegistry,
+        bus: EventBus,
+        compactor: Compactor,
+        skills: SkillsService | None = None,
+        memory: MemoryService | None = None,
+        user_turn_hooks: Sequence[Callable[[Session], None]] = (),
+        turn_complete_hooks: Sequence[Callable[[Session], list[str]]] = (),
+    ) -> None:
+        self.sessions = sessions
+        self.store = store
+        self.instructions = instructions
+        self._model = model
+        self.tasks = tasks
+        self.bus = bus
+        self.compaction = compactor
+        self.skills = skills
+        self.memory = memory
+        self.user_turn_hooks = tuple(user_turn_hooks)
+        self.turn_complete_hooks = tuple(turn_complete_hooks)
         self._prefix: dict[tuple[str, int], str] = {}
 
     # -- session.turn ---------------------------------------------------------------------------
     async def turn(self, p: wire.TurnParams) -> wire.AssembledPrompt:
-        s = self.m.get(p.session_id)
+        s = self.sessions.session(p.session_id)
         if p.known is not None and p.known.count < 0:
             raise errors.InvalidParams("known.count must be 0 or more",
                                        data={"field": "known.count", "message": "negative"})
@@ -60,13 +98,13 @@ class TurnPipeline:
             events: Events = []
             reminders: list[wire.Reminder] = []
             first_turn = not s.history.messages and p.kind == "user"
-            new_msgs, merged_into = self._incoming(s, p, events)
+            new_msgs, merged_into = incoming_messages(s, p, events)
             if p.kind == "user" and s.title is None and p.text:
                 title = auto_title(p.text)
                 if title is not None:
-                    self.m.apply_title(s, title, source="auto")
+                    self.store.record_title(s, title, source="auto")
             if p.kind == "user":
-                for hook in self.m.user_turn_hooks:
+                for hook in self.user_turn_hooks:
                     hook(s)
             if p.kind == "user" and p.text:
                 self._start_prefetch(s, p.text, p.active_tools or [])
@@ -87,101 +125,24 @@ class TurnPipeline:
                 if merged_into is not None and msg is new_msgs[-1]:
                     # recorded as the delta (Qwen Code's mid-turn user message: resume appends
                     # its parts to the user message before); held as the whole merged message
-                    self.m.record(s, msg, subtype=records.SUBTYPE_MID_TURN)
-                    s.append({"role": "user",
-                              "content": join_content(merged_into.get("content"), msg["content"])})
+                    self.store.record(s, msg, subtype=records.SUBTYPE_MID_TURN)
+                    s.append(records.merged_user(merged_into, msg))
                     continue
                 s.append(msg)
-                self.m.record(s, msg)
-            sp = await self.m.system_prompt(s)
+                self.store.record(s, msg)
+            sp = await system_prompt(self.instructions, s)
             sys_tok = system_tokens(sp.text, s.options.tools)
             await self.compaction.maybe_micro(s, events, sys_tok)
             await self.compaction.maybe_compress(s, events, sys_tok)
             prompt = self._assemble(s, sp.text, sp.prefix_hash, sys_tok, reminders, events,
                                     known=p.known)
-            self.m.begin_foreground(s)  # the agent's request goes out now: side queries yield
+            begin_foreground(self._model(), s)  # the agent's request goes out now: side queries yield
             return prompt
-
-    def _incoming(self, s: Session, p: wire.TurnParams, events: Events
-                  ) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
-        """The turn's new messages, and the unanswered user message the last of them joins
-        (taken out of the history here; None when nothing is merged)."""
-        pending = s.history.pending_tool_calls()
-        out: list[dict[str, Any]] = []
-        if p.kind == "tool_results":
-            results = []
-            for i, r in enumerate(p.tool_results or []):
-                if r.tool_call_id in s.turn.daemon_answered and r.tool_call_id not in pending:
-                    # the daemon answered this call itself (its skill tool): keep its answer
-                    events.append(ev.DuplicateToolResult(tool_call_id=r.tool_call_id, index=i))
-                    continue
-                results.append((i, r))
-            if not results and (pending or not p.tool_results and not self._answered_tail(s)):
-                raise errors.InvalidParams("tool_results is empty",
-                                           data={"field": "tool_results", "message": "empty"})
-            seen: set[str] = set()
-            for i, r in results:
-                if isinstance(r.content, list):
-                    check_parts(r.content, f"tool_results[{i}].content")
-                if r.tool_call_id not in pending or r.tool_call_id in seen:
-                    raise errors.InvalidParams(
-                        f"tool_results[{i}].tool_call_id {r.tool_call_id!r} answers no pending "
-                        f"tool call (pending: {', '.join(pending) or 'none'})",
-                        data={"field": f"tool_results[{i}].tool_call_id",
-                              "message": "no such pending tool call"})
-                seen.add(r.tool_call_id)
-            missing = [c for c in pending if c not in seen]
-            if missing:
-                raise errors.InvalidParams(
-                    f"tool results missing for pending calls: {', '.join(missing)}",
-                    data={"field": "tool_results", "message": "missing results",
-                          "missing": missing})
-            for _i, r in results:
-                msg: dict[str, Any] = {"role": "tool", "tool_call_id": r.tool_call_id,
-                                       "content": r.content}
-                if r.name:
-                    msg["name"] = r.name
-                if r.is_error:
-                    msg["is_error"] = True
-                if isinstance(r.content, list):
-                    s.compaction.tool_images += sum(1 for part in r.content
-                                         if part.get("type") == "image_url")
-                out.append(msg)
-            s.turn.results_received(len(results))
-            if p.text:
-                out.append({"role": "user", "content": p.text})
-            return out, None
-        # user or cron turn: a new question abandons calls still pending
-        for call_id in pending:
-            out.append({"role": "tool", "tool_call_id": call_id, "content": NOT_EXECUTED,
-                        "is_error": True})
-        if pending:
-            events.append(ev.ToolCallsAbandoned(tool_call_ids=pending))
-        if not (p.text or p.images):
-            raise errors.InvalidParams(f"a {p.kind} turn needs text or images",
-                                       data={"field": "text", "message": "missing"})
-        if p.images:
-            check_parts(p.images, "images")
-            content: Any = ([{"type": "text", "text": p.text}] if p.text else []) + list(p.images)
-        else:
-            content = p.text
-        last = s.history.messages[-1] if s.history.messages else None
-        merged_into = None
-        if not pending and last is not None and last.get("role") == "user":
-            # the last user turn went unanswered (a failed model call, the user typed again):
-            # this turn joins it, so two user messages never follow each other (C1). Only the
-            # new part is recorded (and gets this turn's reminders): never the whole again
-            merged_into = s.pop_last()
-            events.append(ev.UserTurnMerged())
-        out.append({"role": "user", "content": content})
-        if p.kind == "user":
-            s.turn.begin_user_turn()
-        return out, merged_into
 
     async def _rule_reminders(self, s: Session, touched: list[str]) -> list[wire.Reminder]:
         if not touched:
             return []
-        inst = await self.m.instructions.instruction_set(s.project, s.cwd)
+        inst = await self.instructions.instruction_set(s.project, s.cwd)
         root = inst.project_root or s.cwd
         out = []
         for rule in inst.rules.conditional:
@@ -199,8 +160,8 @@ class TurnPipeline:
 
     # -- memory prefetch ---------------------------------------------------------------------------
     def _start_prefetch(self, s: Session, query: str, active_tools: list[str]) -> None:
-        memory = self.m.memory
-        tasks = self.m.tasks
+        memory = self.memory
+        tasks = self.tasks
         d = s.deliveries
         if d.prefetch is not None:
             old = d.prefetch
@@ -233,7 +194,7 @@ class TurnPipeline:
         if mode != "auto":
             return mode == "on"
         own = s.model_base_url
-        side = self.m.model.endpoint.base_url
+        side = self._model().endpoint.base_url
         return not (own and endpoint_key(own) == endpoint_key(side) and is_loopback(side))
 
     async def _take_prefetch(self, s: Session, *, wait: bool) -> wire.Reminder | None:
@@ -272,7 +233,7 @@ class TurnPipeline:
                              text=f"<system-reminder>\n{render_memories(fresh)}\n</system-reminder>")
 
     async def _skill_reminders(self, s: Session, touched: list[str]) -> list[wire.Reminder]:
-        skills = self.m.skills
+        skills = self.skills
         if skills is None:
             return []
         ss, generation = await skills.skillset(s.project, s.cwd)
@@ -345,8 +306,8 @@ class TurnPipeline:
                            anchored=anchored)
         if lvl != "ok":
             events.append(ev.UsageWarning(level=lvl, prompt_tokens=tokens))
-            self.m.bus.publish("session/usage", {"session_id": s.id, "prompt_tokens": tokens,
-                                                 "window_tokens": s.options.window_tokens, "level": lvl})
+            self.bus.publish("session/usage", {"session_id": s.id, "prompt_tokens": tokens,
+                                               "window_tokens": s.options.window_tokens, "level": lvl})
         s.compaction.last_level = lvl
         key = (sys_hash, id(s.options.tools))
         phash = self._prefix.get(key)
@@ -355,8 +316,10 @@ class TurnPipeline:
             if len(self._prefix) > 1024:
                 self._prefix.clear()
             self._prefix[key] = phash
-        self.m.schedule_index_touch(s)
-        start = self._messages_from(s, known)
+        self.store.schedule_touch(s)
+        keep = s.options.keep_reasoning
+        start = (s.history.reply_start(keep, known.epoch, known.count) if known is not None
+                 else s.history.reply_start(keep))
         if s.history.ext_count or (s.history.reasoning_count and s.options.keep_reasoning != "all"):
             messages = wire_messages(s.history.messages, s.options.keep_reasoning, start=start,
                                      cut=s.history.last_user if s.history.last_user > 0 else 0)
@@ -367,26 +330,10 @@ class TurnPipeline:
                                     events=ev.to_wire(events), prefix_hash=phash, session_id=s.id,
                                     epoch=s.history.epoch, messages_from=start)
 
-    @staticmethod
-    def _messages_from(s: Session, known: wire.KnownHistory | None) -> int:
-        """Where this reply's messages start: the client's ``known.count`` when its copy is of
-        the current epoch, else 0. Reasoning dropped from a finished turn ("current_turn")
-        changes messages the client holds, so it starts a new epoch first."""
-        cut = s.history.last_user if s.history.last_user > 0 else 0
-        if cut > s.history.wire_cut:
-            if (s.history.reasoning_count and s.options.keep_reasoning == "current_turn"
-                    and any(m.get("role") == "assistant" and any(k in m for k in REASONING_KEYS)
-                            for m in s.history.messages[s.history.wire_cut:cut])):
-                s.history.rewrote()
-            s.history.wire_cut = cut
-        if known is None or known.epoch != s.history.epoch or known.count > len(s.history.messages):
-            return 0
-        return known.count
-
     # -- session.record_model ----------------------------------------------------------------------
     async def record_model(self, p: wire.RecordModelParams) -> wire.RecordModelResult:
-        s = self.m.get(p.session_id)
-        self.m.end_foreground(s)
+        s = self.sessions.session(p.session_id)
+        end_foreground(self._model(), s)
         async with s.lock:
             msg = dict(p.message)
             if msg.get("role") != "assistant":
@@ -406,10 +353,10 @@ class TurnPipeline:
                 c.setdefault("type", "function")
             if msg.get("content") is None:
                 msg["content"] = ""  # C4: never content null, also when it only carries calls
-            if calls and self.m.memory is not None:
+            if calls and self.memory is not None:
                 from qwenctxd.agents.extraction import wrote_memory
 
-                roots = self.m.memory.roots(s.project)
+                roots = self.memory.roots(s.project)
                 if wrote_memory(msg, [r for r in (roots.project, roots.user) if r]):
                     s.turn.wrote_memory()
             s.append(msg)
@@ -419,17 +366,18 @@ class TurnPipeline:
                          "completion_tokens": p.usage.completion_tokens}
                 sys_tok = s.usage.last_system_tokens
                 if sys_tok is None:
-                    sp = await self.m.system_prompt(s)
+                    sp = await system_prompt(self.instructions, s)
                     sys_tok = system_tokens(sp.text, s.options.tools)
                 s.set_anchor(p.usage.prompt_tokens, p.usage.completion_tokens, sys_tok)
-            self.m.record(s, msg, usage=usage)
+            self.store.record(s, msg, usage=usage)
             answered = await self._answer_own_calls(s, calls)
             s.last_model_reply_at = time.time()
             complete = not calls
             scheduled: list[str] = []
             if complete and s.turn.finish_user_turn():
-                scheduled.extend(self.m.on_user_turn_complete(s))
-            self.m.schedule_index_touch(s)
+                for hook in self.turn_complete_hooks:
+                    scheduled.extend(hook(s))
+            self.store.schedule_touch(s)
             return wire.RecordModelResult(turn_complete=complete, scheduled=scheduled,
                                           answered=answered)
 
@@ -448,7 +396,7 @@ class TurnPipeline:
             if is_error:
                 msg["is_error"] = True
             s.append(msg)
-            self.m.record(s, msg)
+            self.store.record(s, msg)
             s.turn.answered_by_daemon(c["id"], limit=MAX_TOUCHED)
             out.append(wire.AnsweredCall(tool_call_id=c["id"], name=listing.SKILL_NAME,
                                          content=content))
@@ -464,7 +412,7 @@ class TurnPipeline:
         name = args.get("skill") if isinstance(args, dict) else None
         if not isinstance(name, str) or not name.strip():
             return "Error: the skill tool needs a `skill` argument naming a listed skill.", True
-        skills = self.m.skills
+        skills = self.skills
         if skills is None:
             return "Error: skills are not available in this session.", True
         ss, _gen = await skills.skillset(s.project, s.cwd)
@@ -479,25 +427,14 @@ class TurnPipeline:
             text += f"\nARGUMENTS: {extra.strip()}\n"
         return text, False
 
-    @staticmethod
-    def _answered_tail(s: Session) -> bool:
-        """True when the last reply's calls are all answered and the daemon answered some."""
-        i = len(s.history.messages)
-        own = False
-        while i and s.history.messages[i - 1].get("role") == "tool":
-            own = own or s.history.messages[i - 1].get("tool_call_id") in s.turn.daemon_answered
-            i -= 1
-        return own and i > 0 and s.history.messages[i - 1].get("role") == "assistant"
-
     # -- session.rewind ----------------------------------------------------------------------------
     async def rewind(self, p: wire.RewindParams) -> wire.RewindResult:
-        s = self.m.get(p.session_id)
+        s = self.sessions.session(p.session_id)
         async with s.lock:
             if p.turns < 1:
                 raise errors.InvalidParams("turns must be at least 1",
                                            data={"field": "turns", "message": "below 1"})
-            starts = [i for i, m in enumerate(s.history.messages) if m.get("role") == "user"
-                      and (i == 0 or s.history.messages[i - 1].get("role") == "assistant")]
+            starts = s.history.user_turn_starts()
             if p.turns > len(starts):
                 raise errors.InvalidParams(
                     f"turns {p.turns} is more than the {len(starts)} user turns in the history",
@@ -508,10 +445,10 @@ class TurnPipeline:
             while len(s.history.messages) > cut:
                 s.pop_last()
             s.turn.rewound()
-            self.m.record(s, {}, subtype=records.SUBTYPE_REWIND, payload={
+            self.store.record(s, {}, subtype=records.SUBTYPE_REWIND, payload={
                 "reason": "rewind", "turns": p.turns, "removedMessages": removed,
                 "compressedHistory": s.history.messages})
-            self.m.schedule_index_touch(s)
+            self.store.schedule_touch(s)
             log.info("rewind", session=s.id, turns=p.turns, removed=removed)
             return wire.RewindResult(removed_messages=removed, messages=len(s.history.messages))
 
