@@ -2,8 +2,8 @@
 
 What makes a file *dirty* (to be read again from its indexed offset):
 
-* the daemon recording a record (:meth:`SessionSearch.recorded`, the session manager's record
-  hook: searchable within about :data:`RECORD_COALESCE_S`);
+* the daemon recording a record (:meth:`SessionSearch.recorded`, a record hook of
+  ``SessionStore.recorded``: searchable within about :data:`RECORD_COALESCE_S`);
 * the watch hub: the ``chats`` directory of every project under ``<runtime>/projects`` and the
   projects directory itself (a new project directory adds its ``chats`` to the watch), so a
   file written, changed or removed by another program (the real ``qwen`` CLI) is seen within
@@ -126,7 +126,7 @@ class SessionSearch:
 
     # -- what changed ---------------------------------------------------------------------
     def recorded(self, path: Path) -> None:
-        """The daemon appended to ``path`` (the session manager's record hook). Cheap."""
+        """The daemon appended to ``path`` (``SessionStore.recorded``'s record hook). Cheap."""
         key = str(path)
         if key not in self._dirty:
             self._dirty[key] = None
