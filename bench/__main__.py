@@ -7,7 +7,7 @@ import sys
 
 ALL = ["ping", "request_path", "instructions", "sessions", "skills", "recall", "qwenctl_startup", "extraction",
        "shell_classify", "fuzz", "mcp", "proxy", "connection", "deadlines", "incremental", "reliability",
-       "vs_qwen", "secrets"]
+       "vs_qwen", "secrets", "session_search"]
 
 
 def main(argv: list[str]) -> int:
