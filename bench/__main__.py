@@ -5,9 +5,9 @@ from __future__ import annotations
 import importlib
 import sys
 
-ALL = ["ping", "instructions", "sessions", "skills", "recall", "qwenctl_startup", "extraction",
+ALL = ["ping", "request_path", "instructions", "sessions", "skills", "recall", "qwenctl_startup", "extraction",
        "shell_classify", "fuzz", "mcp", "proxy", "connection", "deadlines", "incremental", "reliability",
-       "vs_qwen", "secrets"]
+       "vs_qwen", "secrets", "session_search"]
 
 
 def main(argv: list[str]) -> int:

@@ -57,7 +57,7 @@ def test_a_dispatcher_built_from_the_marks_answers() -> None:
 def served(debug: bool) -> list[str]:
     services = SimpleNamespace(**{name: object() for name in (
         "config", "bus", "tasks", "hub", "model", "projects", "instructions", "memory",
-        "skills", "audit", "extractor", "reviewer", "speculation", "background", "sessions",
+        "skills", "audit", "extractor", "reviewer", "speculation", "background", "search", "sessions",
         "turns")})
     families = handler_families(services, control=object(),  # type: ignore[arg-type]
                                 dispatcher=Dispatcher(), debug=debug)

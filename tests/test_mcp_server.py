@@ -23,7 +23,7 @@ from qwenctxd.testing.spawn import SpawnedDaemon
 
 SECRET = "token ghp_" + "a1B2c3D4e5" * 3 + "a1B2c3"
 TOOLS = {"recall_memory", "save_memory", "forget_memory", "list_skills", "load_skill",
-         "project_instructions"}
+         "project_instructions", "search_sessions"}
 
 
 def make_project(home: Path) -> Path:

@@ -19,8 +19,8 @@ import anyio
 import anyio.abc
 
 from qwenctxd.client.errors import ConnectionLost
-from qwenctxd.client.transport import unreachable
-from qwenctxd.protocol.framing import FrameDecoder, Framing, FramingError, encode
+from qwenctxd.client.transport import next_frame, unreachable
+from qwenctxd.protocol.framing import FrameDecoder, Framing, encode
 
 #: what a stream raises when the daemon's end is gone
 STREAM_CLOSED = (anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError,
@@ -82,10 +82,7 @@ class StreamTransport:
         """The next whole frame; ``ConnectionLost`` when the stream ends or is unframeable."""
         dec = self._decoder
         while True:
-            try:
-                frame = dec.next_frame()
-            except FramingError as exc:
-                raise ConnectionLost(f"bad frame from the daemon: {exc}") from None
+            frame = next_frame(dec)
             if frame is not None:
                 return frame
             try:

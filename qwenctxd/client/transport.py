@@ -52,6 +52,15 @@ _encoder = msgspec.json.Encoder()
 RECV_BYTES = 65536
 
 
+def next_frame(decoder: FrameDecoder) -> bytes | None:
+    """The decoder's next whole frame (None: it needs more bytes); ``ConnectionLost`` when
+    what the daemon sent cannot be framed — the one rule both transports read by."""
+    try:
+        return decoder.next_frame()
+    except FramingError as exc:
+        raise ConnectionLost(f"bad frame from the daemon: {exc}") from None
+
+
 def unreachable(path: str, exc: OSError) -> DaemonUnreachable:
     """The client error for an OS error met while connecting to ``path``."""
     if isinstance(exc, FileNotFoundError):
@@ -114,10 +123,7 @@ class SocketTransport:
     def receive(self) -> bytes:
         dec = self._decoder
         while True:
-            try:
-                frame = dec.next_frame()
-            except FramingError as exc:
-                raise ConnectionLost(f"bad frame from the daemon: {exc}") from None
+            frame = next_frame(dec)
             if frame is not None:
                 return frame
             chunk = self.sock.recv(RECV_BYTES)

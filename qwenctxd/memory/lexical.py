@@ -58,6 +58,7 @@ import aiosqlite
 import anyio
 import anyio.to_thread
 
+from qwenctxd.fts import quote_term as _quote
 from qwenctxd.memory.tokenize import fts_text, is_cjk, normalize, tokens
 from qwenctxd.store.sqlite import CacheDatabase
 
@@ -162,10 +163,6 @@ def _fts_row(doc: DocLike) -> tuple[str, str, str, str, str]:
         fts_text(" ".join(doc.keywords)),
         fts_text(_body(doc)),
     )
-
-
-def _quote(token: str) -> str:
-    return '"' + token.replace('"', '""') + '"'
 
 
 def query_terms(query: str) -> list[str]:

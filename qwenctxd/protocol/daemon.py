@@ -127,6 +127,8 @@ class StatusResult(msgspec.Struct, kw_only=True):
     log: LogStatus | None = None
     # secrets replaced in memory writes / in memory text on its way out; team writes refused
     secrets: dict[str, int] = msgspec.field(default_factory=dict)
+    # session search: files and entries indexed, files pending, torn lines and junk files skipped
+    search: dict[str, int] = msgspec.field(default_factory=dict)
 
 
 class CancelParams(msgspec.Struct, kw_only=True):

@@ -87,6 +87,7 @@ SESSION_SET_TITLE = _m("session.set_title", session.SetTitleParams, session.SetT
 SESSION_CLOSE = _m("session.close", session.SessionIdParams, daemon.OkResult)
 SESSION_CONTEXT = _m("session.context", session.SessionIdParams, session.ContextResult)
 SESSION_TRANSCRIPT = _m("session.transcript", session.SessionIdParams, session.TranscriptResult)
+SESSION_SEARCH = _m("session.search", session.SearchParams, session.SearchResult)
 
 # -- model.* -----------------------------------------------------------------------------------
 MODEL_PROBE = _m("model.probe", model.ProbeParams, model.ProbeResult)

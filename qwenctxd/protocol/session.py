@@ -253,3 +253,40 @@ class TranscriptResult(msgspec.Struct, kw_only=True):
     path: str
     entries: list[TranscriptEntry]
     torn_lines: int = 0
+
+
+# -- session.search ----------------------------------------------------------------------------
+SearchRole = Literal["user", "assistant", "tool"]
+
+
+class SearchParams(Params):
+    """``session.search``: every word must match (``"a phrase"`` in order; CJK as substrings)."""
+
+    query: str
+    cwd: str | None = None  # the project that holds it; None: every project
+    session_id: str | None = None
+    roles: list[SearchRole] = msgspec.field(default_factory=lambda: ["user", "assistant"])
+    since: str | None = None  # ISO-8601
+    limit: int = 20  # 1..100
+
+
+class SearchHit(msgspec.Struct, kw_only=True):
+    session_id: str
+    cwd: str | None
+    title: str | None
+    entry: int  # index into the session's session.transcript entries
+    role: str
+    time: str | None
+    snippet: str  # ≤ 300 chars around the first match
+    score: float
+
+
+class SearchIndexed(msgspec.Struct, kw_only=True):
+    sessions: int
+    entries: int
+    pending: int  # session files not indexed yet
+
+
+class SearchResult(msgspec.Struct, kw_only=True):
+    hits: list[SearchHit]
+    indexed: SearchIndexed

@@ -77,6 +77,7 @@ class Daemon:
         self.model = services.model
         self.tasks.add_listener(self._on_task_event)
         self.status_contributors.append(self._sessions_status)
+        self.status_contributors.append(self._search_status)
         self.dispatcher = Dispatcher(is_stopping=lambda: self.state != "serving")
         self._requests_idle = anyio.Event()
         self.connections = 0
@@ -139,6 +140,8 @@ class Daemon:
             await tg.start(self.hub.run)
             await tg.start(functools.partial(self.config.run, self.hub, tasks=self.tasks))
             await self.services.sessions.start()
+            await self.services.search.start()
+            tg.start_soon(self._supervised, "session-search", self.services.search.run)
             async with anyio.create_task_group() as conns:
                 await conns.start(self._accept, conns)
                 self.state = "serving"
@@ -167,6 +170,7 @@ class Daemon:
                 conns.cancel_scope.cancel()
             with anyio.CancelScope(shield=True):
                 await self.services.sessions.aclose()
+                await self.services.search.aclose()
                 await self.services.memory.aclose()
                 self.services.speculation.close()
             tg.cancel_scope.cancel()
@@ -362,6 +366,9 @@ class Daemon:
         self.model.update(settings.endpoint())
         self.bus.publish("config/changed", {"generation": self.config.generation})
         log.info("config reloaded", generation=self.config.generation)
+
+    def _search_status(self, st: wire.StatusResult) -> None:
+        st.search = self.services.search.status()
 
     def _sessions_status(self, st: wire.StatusResult) -> None:
         st.sessions.extend(wire.SessionSummary(**row)

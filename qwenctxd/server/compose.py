@@ -9,6 +9,7 @@ patched in afterwards and nothing is looked up in module globals. Order, bottom 
     memory        (every call brings its resolved Project; no registry of its own)
     skills, audit log, extractor, skill reviewer, speculation
     background    (extraction, dream and skill review after turns; the idle dream loop)
+    session search (the FTS index of every session file; fed by the store's record hook)
     sessions      the store (transcripts, fsync, index), the manager (the open sessions),
                   the compactor, then the turn pipeline over them all (hooks: after a user
                   turn → background + speculation; after a completed turn → background)
@@ -20,6 +21,7 @@ with exactly the ones it uses, never through the daemon.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,10 +36,12 @@ from qwenctxd.instructions.service import InstructionsService
 from qwenctxd.memory.service import MemoryService
 from qwenctxd.model import ModelClient
 from qwenctxd.model.scheduler import EndpointScheduler
+from qwenctxd.paths import runtime_base_dir
 from qwenctxd.project import Project, ProjectRegistry
 from qwenctxd.server.background import Background
 from qwenctxd.sessions.compacting import Compactor
 from qwenctxd.sessions.manager import SessionManager
+from qwenctxd.sessions.search import SessionSearch
 from qwenctxd.sessions.store import SessionStore
 from qwenctxd.sessions.turns import TurnPipeline
 from qwenctxd.skills.service import SkillsService
@@ -63,6 +67,7 @@ class Services:
     reviewer: SkillReviewer
     speculation: SpeculationManager
     background: Background
+    search: SessionSearch
     sessions: SessionManager
     turns: TurnPipeline
 
@@ -99,7 +104,14 @@ def build_services(config: ConfigStore, *, state: Path, bump: Callable[[str], No
     speculation = SpeculationManager()
     background = Background(tasks=tasks, model=model, memory=memory, audit=audit,
                             extractor=extractor, reviewer=reviewer, in_flight=in_flight)
-    store = SessionStore(index_path=state / "sessions.sqlite", tasks=tasks)
+    # QWENCTXD_BENCH_NO_SEARCH_HOOK=1: the bench's baseline — no record hook, no watch (only
+    # the start-up scan indexes), so session.turn runs as if there were no search index
+    no_search = os.environ.get("QWENCTXD_BENCH_NO_SEARCH_HOOK") == "1"
+    search = SessionSearch(state / "session_search.sqlite",
+                           projects_root=runtime_base_dir() / "projects",
+                           hub=None if no_search else hub)
+    store = SessionStore(index_path=state / "sessions.sqlite", tasks=tasks,
+                         record_hooks=[] if no_search else [search.recorded])
     sessions = SessionManager(config=config, instructions=instructions, model=the_model,
                               tasks=tasks, store=store)
     compactor = Compactor(sessions=sessions.sessions, store=store, instructions=instructions,
@@ -114,4 +126,4 @@ def build_services(config: ConfigStore, *, state: Path, bump: Callable[[str], No
     return Services(config=config, bus=bus, tasks=tasks, hub=hub, model=model, projects=projects,
                     instructions=instructions, memory=memory, skills=skills, audit=audit,
                     extractor=extractor, reviewer=reviewer, speculation=speculation,
-                    background=background, sessions=sessions, turns=turns)
+                    background=background, search=search, sessions=sessions, turns=turns)

@@ -14,6 +14,7 @@ from qwenctxd.server.methods.daemon_methods import DaemonControl, DaemonHandlers
 from qwenctxd.server.methods.instructions_methods import InstructionsHandlers
 from qwenctxd.server.methods.memory_methods import MemoryHandlers
 from qwenctxd.server.methods.model_methods import ModelHandlers
+from qwenctxd.server.methods.search_methods import SearchHandlers
 from qwenctxd.server.methods.session_methods import SessionHandlers
 from qwenctxd.server.methods.skill_review_methods import SkillReviewHandlers
 from qwenctxd.server.methods.skills_methods import SkillsHandlers
@@ -44,6 +45,7 @@ def handler_families(s: Services, *, control: DaemonControl, dispatcher: Dispatc
         SpeculationHandlers(speculation=s.speculation, sessions=s.sessions, tasks=s.tasks,
                             model=s.model),
         TranscriptHandlers(sessions=s.sessions),
+        SearchHandlers(search=s.search),
     ]
     if debug:
         from qwenctxd.server.methods.debug_methods import DebugHandlers

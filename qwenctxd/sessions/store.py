@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import time
 import uuid
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -42,9 +43,11 @@ def iso(ts: float) -> str:
 class SessionStore:
     """The transcripts and the index of the daemon's sessions."""
 
-    def __init__(self, *, index_path: Path, tasks: TaskRegistry) -> None:
+    def __init__(self, *, index_path: Path, tasks: TaskRegistry,
+                 record_hooks: Sequence[Callable[[Path], None]] = ()) -> None:
         self.index = SessionIndex(index_path)
         self.tasks = tasks
+        self.record_hooks = tuple(record_hooks)  # told each file a record was appended to
         self._last_fsync: dict[str, float] = {}  # session id → monotonic time of its last job
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -99,7 +102,10 @@ class SessionStore:
 
     def recorded(self, s: Session, rec: records.ChatRecord) -> None:
         """Every record written for a live session passes here: the fsync policy (a background
-        job at most every :data:`FSYNC_INTERVAL_S`, never on the turn path)."""
+        job at most every :data:`FSYNC_INTERVAL_S`, never on the turn path) and the record
+        hooks (session search reads the file on from where it stopped)."""
+        for hook in self.record_hooks:
+            hook(s.path)
         now = time.monotonic()
         if now - self._last_fsync.get(s.id, 0.0) >= FSYNC_INTERVAL_S and self.tasks.accepting:
             self._last_fsync[s.id] = now

@@ -93,25 +93,48 @@ def entries_of(rec: records.ChatRecord) -> list[wire.TranscriptEntry]:
                                  model=rec.model)]
 
 
+class EntryFolder:
+    """Records in, transcript entries out, one record at a time — the rule of
+    :func:`read_transcript`, resumable: ``count`` entries so far and the user message the last
+    entry shows (``last_user``, OpenAI form) are all it carries, so an indexer can go on from
+    where it stopped. :meth:`feed` returns the new entries and, when a mid-turn record joined
+    the last entry, that entry's new form (``replaced``)."""
+
+    def __init__(self, count: int = 0, last_user: dict[str, Any] | None = None,
+                 last: wire.TranscriptEntry | None = None) -> None:
+        self.count = count
+        self.last_user = last_user
+        self._last = last  # the last entry so far (a resumed folder gets it from the caller)
+
+    def feed(self, rec: records.ChatRecord,
+             ) -> tuple[list[wire.TranscriptEntry], wire.TranscriptEntry | None]:
+        got = entries_of(rec)
+        msgs = to_messages(rec.message) if rec.type == "user" and rec.message else []
+        delta = msgs[0] if len(msgs) == 1 and msgs[0].get("role") == "user" else None
+        prev = self._last
+        if rec.subtype == records.SUBTYPE_MID_TURN and delta is not None \
+                and self.last_user is not None and len(got) == 1 and prev is not None:
+            # the merged user message as the session held it: one entry, the contents joined
+            self.last_user = records.merged_user(self.last_user, delta)
+            self._last = msgspec.structs.replace(prev, text=_text_of(self.last_user["content"]))
+            return [], self._last
+        if got:  # records that show nothing (titles, options) leave the last entry as it is
+            self.count += len(got)
+            self._last = got[-1]
+            self.last_user = delta if rec.type == "user" and len(got) == 1 else None
+        return got, None
+
+
 def read_transcript(path: Path) -> tuple[list[wire.TranscriptEntry], int]:
     """Every entry of the JSONL at ``path`` and the number of unreadable lines. Blocking."""
     result = records.read_records(path)
     out: list[wire.TranscriptEntry] = []
-    # the user message the last entry shows (OpenAI form), for a mid-turn record joining it
-    last_user: dict[str, Any] | None = None
+    folder = EntryFolder()
     for rec in result.records:
-        got = entries_of(rec)
-        msgs = to_messages(rec.message) if rec.type == "user" and rec.message else []
-        delta = msgs[0] if len(msgs) == 1 and msgs[0].get("role") == "user" else None
-        if rec.subtype == records.SUBTYPE_MID_TURN and delta is not None \
-                and last_user is not None and len(got) == 1:
-            # the merged user message as the session held it: one entry, the contents joined
-            last_user = records.merged_user(last_user, delta)
-            out[-1] = msgspec.structs.replace(out[-1], text=_text_of(last_user["content"]))
-            continue
+        got, replaced = folder.feed(rec)
+        if replaced is not None:
+            out[-1] = replaced
         out.extend(got)
-        if got:  # records that show nothing (titles, options) leave the last entry as it is
-            last_user = delta if rec.type == "user" and len(got) == 1 else None
     return out, len(result.torn)
 
 

@@ -42,3 +42,9 @@ end, { nargs = "+", desc = "qwenctxd: title this project's session" })
 cmd("QwenCtxPrompt", function()
   require("qwenctx").cmd_prompt()
 end, { nargs = 0, desc = "qwenctxd: the system prompt this project's sessions get" })
+
+for _, name in ipairs({ "QwenCtxSearch", "QwenctxSearch" }) do
+  cmd(name, function(a)
+    require("qwenctx.search").cmd_search(a.args, a.bang)
+  end, { nargs = "+", bang = true, desc = "qwenctxd: search past sessions (! every project)" })
+end

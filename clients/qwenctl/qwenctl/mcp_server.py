@@ -7,7 +7,8 @@ client announces (``roots/list``), else the process cwd; it is looked up per req
 client that changes its roots is followed.
 
 Tools: ``recall_memory``, ``save_memory``, ``forget_memory``, ``list_skills``, ``load_skill``,
-``project_instructions``. Resources: ``qwenctx://instructions`` and one per memory document
+``project_instructions``, ``search_sessions``. Resources: ``qwenctx://instructions`` and one per
+memory document
 (``qwenctx://memory/<scope>/<topic>/<file>``). Prompts: one per skill, named after it. The
 resource and prompt lists come from the daemon on every list request.
 """
@@ -268,5 +269,18 @@ def build_server(link: "DaemonLink", cwd: str | None) -> Any:
             return await instructions_text(where)
         except ToolFailure as exc:
             raise ToolError(str(exc)) from None
+
+    @server.tool(structured_output=False)  # text only: no duplicate {"result": …} copy
+    async def search_sessions(query: str, ctx: Context, limit: int = 10,
+                              all_projects: bool = False) -> str:
+        """Search what was said in past conversations (this project's, or every project's with
+        `all_projects`): every word must match, "quoted phrases" in order. Returns the best
+        entries with their session id, entry number, time, role and a snippet."""
+        from qwenctl.search_cmds import agent_params, agent_text
+
+        where = await project.resolve(ctx.session)
+        res = await daemon(methods.SESSION_SEARCH, agent_params(
+            query, limit=limit, all_projects=all_projects, cwd=where))
+        return agent_text(res, query)
 
     return server

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from qwenctxd.protocol.session import TranscriptResult
 
 MAX_LINES = 12
+AROUND = 2  # entries shown on each side of ``--around ENTRY``
 MAX_ARG_CHARS = 160
 INDENT = "    "
 
@@ -35,13 +36,20 @@ def _body(text: str, full: bool) -> list[str]:
     return [INDENT + ln for ln in lines]
 
 
-def transcript(res: TranscriptResult, *, stream: TextIO, full: bool = False) -> None:
+def transcript(res: TranscriptResult, *, stream: TextIO, full: bool = False,
+               around: int | None = None) -> None:
+    """``around``: only the entries within :data:`AROUND` of that entry index (a search
+    hit's), the hit marked ``▶``."""
     entries = res.entries
-    stream.write(f"\ntranscript ({len(entries)} entries)\n")
+    shown = f", around entry {around}" if around is not None else ""
+    stream.write(f"\ntranscript ({len(entries)} entries{shown})\n")
     if not entries:
         stream.write(f"{INDENT}(nothing recorded yet)\n")
     n = 0
-    for e in entries:
+    for i, e in enumerate(entries):
+        if around is not None and abs(i - around) > AROUND:
+            n += e.kind != "compression"
+            continue
         if e.kind == "compression":
             stream.write(f"\n-- {e.text}  {_when(e.time)} --\n")
             continue
@@ -52,7 +60,8 @@ def transcript(res: TranscriptResult, *, stream: TextIO, full: bool = False) -> 
             label = f"tool result: {e.name or '?'}"
         elif role == "assistant" and e.model:
             label = f"assistant ({e.model})"
-        stream.write(f"\n[{n}] {label}  {_when(e.time)}".rstrip() + "\n")
+        mark = "▶ " if i == around else ""
+        stream.write(f"\n{mark}[{n}] {label}  {_when(e.time)}".rstrip() + "\n")
         text = e.text or ""
         if text:
             stream.write("\n".join(_body(text, full)) + "\n")

@@ -14,7 +14,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from qwenctl import render, render_sessions
+from qwenctl import render, render_sessions, search_cmds
 from qwenctl.cmdutil import emit_result, home_dir
 from qwenctl.context import emit_json, wire
 from qwenctl.daemon_link import EXIT_DAEMON_ERROR, EXIT_OK
@@ -54,7 +54,7 @@ def _scope(p: argparse.ArgumentParser) -> None:
 def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     """Register ``sessions`` and its subcommands on the top-level subparsers ``sub``."""
     s = sub.add_parser("sessions", parents=[common],
-                       help="recorded sessions: list, show, title, recap, delete, summary")
+                       help="recorded sessions: list, search, show, title, recap, delete, summary")
     _scope(s)
     ss = s.add_subparsers(dest="sessions_command", metavar="SUBCOMMAND")
     ls = ss.add_parser("list", parents=[common],
@@ -65,6 +65,8 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     sh.add_argument("--messages", action="store_true",
                     help="also print the transcript (long tool output shortened; --full)")
     sh.add_argument("--full", action="store_true", help="with --messages: nothing shortened")
+    sh.add_argument("--around", type=int, metavar="ENTRY",
+                    help="with --messages: only the entries around ENTRY (a search hit's)")
     ti = ss.add_parser("title", parents=[common],
                        help="give a session your own title (kept over the automatic one)")
     ti.add_argument("session", metavar="ID", help="session id or a unique prefix of one")
@@ -77,6 +79,7 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     su = ss.add_parser("summary", parents=[common],
                        help="write <project>/.qwen/PROJECT_SUMMARY.md and print it")
     su.add_argument("session", metavar="ID", help="session id or a unique prefix of one")
+    search_cmds.add_parser(ss, common)
 
 
 # -- helpers ----------------------------------------------------------------------------------
@@ -189,7 +192,8 @@ def cmd_show(ctx: Ctx) -> int:
             from qwenctl import render_transcript
 
             render_transcript.transcript(tr, stream=sys.stdout,
-                                         full=bool(getattr(ctx.args, "full", False)))
+                                         full=bool(getattr(ctx.args, "full", False)),
+                                         around=getattr(ctx.args, "around", None))
     return EXIT_OK
 
 
@@ -259,4 +263,5 @@ _COMMANDS = {
     "recap": cmd_recap,
     "delete": cmd_delete,
     "summary": cmd_summary,
+    "search": search_cmds.cmd_search,
 }

@@ -336,6 +336,11 @@ function M.recall(query, opts, cb)
   M.request("memory.recall", { cwd = root, query = query }, cb)
 end
 
+--- search(query, opts, cb): session.search over past sessions (see qwenctx.search).
+function M.search(query, opts, cb)
+  return require("qwenctx.search").search(query, opts, cb)
+end
+
 function M.sessions(opts, cb)
   opts = opts or {}
   local root = opts.cwd and normalize_dir(opts.cwd) or M.project_root()
