@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 
-from qwenctxd.compaction.estimate import history_tokens, message_tokens
 from qwenctxd.compaction.invariants import problems
 from qwenctxd.compaction.micro import (
     CLEARED_TOOL_RESULT,
@@ -17,7 +16,7 @@ from qwenctxd.compaction.micro import (
     should_micro_compact,
     tool_result_chars,
 )
-from qwenctxd.tokens import estimate_tokens
+from qwenctxd.tokens import estimate_tokens, history_tokens, message_tokens
 
 PNG = "data:image/png;base64," + "iVBORw0KGgo" * 20
 JPEG = "data:image/jpeg;base64," + "/9j/4AAQ" * 20

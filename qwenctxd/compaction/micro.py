@@ -9,7 +9,7 @@ top-level image AND one nested image, not one item in total):
     nested media included, becomes :data:`CLEARED_TOOL_RESULT`. The tool name is the tool
     message's ``name``, else the ``function.name`` of the assistant tool call with that id.
 ``media``
-    A media part (see :data:`~qwenctxd.compaction.estimate.MEDIA_PART_TYPES`) at the top level of
+    A media part (see :data:`~qwenctxd.tokens.MEDIA_PART_TYPES`) at the top level of
     a user message's content. It becomes the text part ``[Old inline media cleared: <mime>]``.
 ``nested_media``
     A media part inside the content list of a tool message of a *non-compactable* tool. The part
@@ -27,7 +27,7 @@ threshold) clears only ``tool`` items, media is left alone (seed §7.4).
 
 An item is only replaced when that saves tokens (a 3-character result is not swapped for a
 9-token placeholder), so ``tokens_saved`` — the drop in
-:func:`~qwenctxd.compaction.estimate.history_tokens` — is positive whenever anything changed.
+:func:`~qwenctxd.tokens.history_tokens` — is positive whenever anything changed.
 Results already holding the placeholder are skipped. For every cleared ``read_file``, ``edit``
 or ``write_file`` result
 the ``file_path`` (or ``path``) argument of its call is reported in ``evicted_read_paths`` so
@@ -46,13 +46,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from qwenctxd.compaction.estimate import (
+from qwenctxd.tokens import (
+    DEFAULT_IMAGE_TOKENS,
     REASONING_KEYS,
     content_tokens,
+    estimate_tokens,
     is_media_part,
     reasoning_tokens,
 )
-from qwenctxd.tokens import DEFAULT_IMAGE_TOKENS, estimate_tokens
 
 __all__ = [
     "CLEARED_MEDIA_PREFIX",

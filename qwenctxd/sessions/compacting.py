@@ -19,7 +19,6 @@ import structlog
 
 from qwenctxd.compaction import hooks as hooks_mod
 from qwenctxd.compaction import micro, post_compact
-from qwenctxd.compaction.estimate import history_tokens
 from qwenctxd.compaction.thresholds import compute_thresholds as _compute_thresholds
 from qwenctxd.compaction.thresholds import level
 from qwenctxd.config.schema import Settings
@@ -31,6 +30,7 @@ from qwenctxd.protocol import turn_events as ev
 from qwenctxd.sessions.agent_request import system_prompt
 from qwenctxd.sessions.state import Session, SessionTable, system_tokens
 from qwenctxd.sessions.store import SessionStore
+from qwenctxd.tokens import history_tokens
 
 log = structlog.get_logger("qwenctxd.turns")
 compute_thresholds = functools.lru_cache(maxsize=256)(_compute_thresholds)  # same per session

@@ -33,13 +33,12 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from qwenctxd.compaction.estimate import message_tokens
 from qwenctxd.compaction.micro import tool_result_chars
 from qwenctxd.compaction.thresholds import Breaker
 from qwenctxd.protocol import errors
 from qwenctxd.sessions.jsonl_writer import JsonlWriter
 from qwenctxd.skills.listing import SKILL_NAME
-from qwenctxd.tokens import estimate_tokens
+from qwenctxd.tokens import estimate_tokens, message_tokens
 
 if TYPE_CHECKING:
     from qwenctxd.project import Project
