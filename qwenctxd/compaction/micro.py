@@ -67,6 +67,7 @@ __all__ = [
     "media_mime",
     "media_placeholder",
     "micro_compact",
+    "micro_compact_if_due",
     "should_micro_compact",
     "tool_result_chars",
 ]
@@ -105,6 +106,7 @@ class MicroResult:
     evicted_read_paths: list[str] = field(default_factory=list)
     unresolved_evicted_reads: int = 0
     reasoning_stripped: int = 0
+    trigger: Trigger | None = None  # what the result was compacted for (None: a no-op)
 
     @property
     def changed(self) -> bool:
@@ -373,4 +375,28 @@ def micro_compact(
         evicted_read_paths=list(evicted),
         unresolved_evicted_reads=unresolved,
         reasoning_stripped=len(stripped),
+        trigger=trigger,
     )
+
+
+def micro_compact_if_due(
+    messages: list[Message],
+    *,
+    now: float,
+    last_model_reply_at: float | None,
+    idle_minutes: float,
+    tool_chars: int,
+    size_threshold: int,
+    keep: int,
+    image_tokens: int = DEFAULT_IMAGE_TOKENS,
+) -> MicroResult | None:
+    """The automatic micro-compaction of a turn in one call: which trigger fires
+    (:func:`should_micro_compact`) and, when one does, :func:`micro_compact` for it. None when
+    no trigger fires or clearing would save nothing; else the result, its ``trigger`` set."""
+    trigger = should_micro_compact(now=now, last_model_reply_at=last_model_reply_at,
+                                   idle_minutes=idle_minutes, tool_chars=tool_chars,
+                                   size_threshold=size_threshold)
+    if trigger is None:
+        return None
+    result = micro_compact(messages, keep=keep, trigger=trigger, image_tokens=image_tokens)
+    return result if result.changed else None
