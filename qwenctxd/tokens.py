@@ -8,7 +8,8 @@ media part (``image_url``, ``video_url``, ``input_audio``, ``file``) costs a fla
 ``image_tokens`` regardless of its base64 size (a 1 MB PNG is ~1 300 visual tokens on Qwen-VL,
 not 350 000); each message adds a fixed overhead for the role and separators. API-reported
 prompt counts, when a client sends them, are authoritative; this only estimates deltas and fills
-gaps. Pure functions, no I/O; a leaf module (it imports nothing of the daemon).
+gaps. :func:`system_tokens` sizes a system prompt plus its tool declarations, cached per
+(text, tools list). Pure functions, no I/O; a leaf module (it imports nothing of the daemon).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ __all__ = [
     "is_media_part",
     "message_tokens",
     "reasoning_tokens",
+    "system_tokens",
     "tool_calls_tokens",
 ]
 
@@ -145,3 +147,23 @@ def history_tokens(
 ) -> int:
     """Sum of :func:`message_tokens` over ``messages``."""
     return sum(message_tokens(m, image_tokens=image_tokens) for m in messages)
+
+
+_SYSTEM_TOKENS: dict[tuple[str, int], tuple[list[dict[str, Any]], int]] = {}
+
+
+def system_tokens(system: str, tools: list[dict[str, Any]]) -> int:
+    """The estimate for a system prompt plus tool declarations; cached per (text, tools list),
+    since every turn and reply of a session asks for the same one."""
+    key = (system, id(tools))
+    hit = _SYSTEM_TOKENS.get(key)
+    if hit is not None and hit[0] is tools:
+        return hit[1]
+    import msgspec
+
+    n = estimate_tokens(system) + (estimate_tokens(msgspec.json.encode(tools).decode())
+                                   if tools else 0)
+    if len(_SYSTEM_TOKENS) > 256:
+        _SYSTEM_TOKENS.clear()
+    _SYSTEM_TOKENS[key] = (tools, n)
+    return n

@@ -28,9 +28,9 @@ from qwenctxd.model import ModelClient
 from qwenctxd.protocol import session as wire
 from qwenctxd.protocol import turn_events as ev
 from qwenctxd.sessions.agent_request import system_prompt
-from qwenctxd.sessions.state import Session, SessionTable, system_tokens
+from qwenctxd.sessions.state import Session, SessionTable
 from qwenctxd.sessions.store import SessionStore
-from qwenctxd.tokens import history_tokens
+from qwenctxd.tokens import history_tokens, system_tokens
 
 log = structlog.get_logger("qwenctxd.turns")
 compute_thresholds = functools.lru_cache(maxsize=256)(_compute_thresholds)  # same per session

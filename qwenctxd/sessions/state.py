@@ -38,7 +38,7 @@ from qwenctxd.compaction.thresholds import Breaker
 from qwenctxd.protocol import errors
 from qwenctxd.sessions.jsonl_writer import JsonlWriter
 from qwenctxd.skills.listing import SKILL_NAME
-from qwenctxd.tokens import estimate_tokens, message_tokens
+from qwenctxd.tokens import message_tokens
 
 if TYPE_CHECKING:
     from qwenctxd.project import Project
@@ -422,23 +422,3 @@ class SessionTable(dict[str, Session]):
             raise errors.SessionNotFound(f"unknown session {session_id}",
                                          data={"session_id": session_id})
         return s
-
-
-_SYSTEM_TOKENS: dict[tuple[str, int], tuple[list[dict[str, Any]], int]] = {}
-
-
-def system_tokens(system: str, tools: list[dict[str, Any]]) -> int:
-    """The estimate for a system prompt plus tool declarations; cached per (text, tools list),
-    since every turn and reply of a session asks for the same one."""
-    key = (system, id(tools))
-    hit = _SYSTEM_TOKENS.get(key)
-    if hit is not None and hit[0] is tools:
-        return hit[1]
-    import msgspec
-
-    n = estimate_tokens(system) + (estimate_tokens(msgspec.json.encode(tools).decode())
-                                   if tools else 0)
-    if len(_SYSTEM_TOKENS) > 256:
-        _SYSTEM_TOKENS.clear()
-    _SYSTEM_TOKENS[key] = (tools, n)
-    return n
