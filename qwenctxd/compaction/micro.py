@@ -281,12 +281,10 @@ def micro_compact(
                 if not is_error_result(msg):
                     tool_refs.append((i, name, call))
             elif isinstance(content, list):
-                error = None
+                error = is_error_result(msg)
                 for j, part in enumerate(content):
                     if is_media_part(part):
                         found["nested_media"] += 1
-                        if error is None:
-                            error = is_error_result(msg)
                         if not error:
                             nested_refs.append((i, j))
         elif role == "user":
@@ -307,23 +305,15 @@ def micro_compact(
     # --- plan: what to replace, and what it saves ---
     cleared = dict.fromkeys(KINDS, 0)
     saved = 0
-    replaced_tools: list[int] = []
-    evicted: dict[str, None] = {}
-    unresolved = 0
-    for i, name, call in tool_refs[:-keep]:
-        gain = content_tokens(messages[i].get("content"), image_tokens=image_tokens)
+    replaced_tools: list[tuple[int, str, dict[str, Any] | None]] = []
+    for ref in tool_refs[:-keep]:
+        gain = content_tokens(messages[ref[0]].get("content"), image_tokens=image_tokens)
         gain -= _TOOL_PLACEHOLDER_TOKENS
         if gain <= 0:
             continue
         saved += gain
         cleared["tool"] += 1
-        replaced_tools.append(i)
-        if name in READ_TOOLS:
-            path = _read_path(call)
-            if path is None:
-                unresolved += 1
-            else:
-                evicted[path] = None
+        replaced_tools.append(ref)
 
     parts_plan: dict[int, dict[int, dict[str, str]]] = {}
     if clear_media:
@@ -353,10 +343,18 @@ def micro_compact(
 
     # --- apply on copies ---
     out = list(messages)
-    for i in replaced_tools:
+    evicted: dict[str, None] = {}
+    unresolved = 0
+    for i, name, call in replaced_tools:
         new = dict(messages[i])
         new["content"] = CLEARED_TOOL_RESULT
         out[i] = new
+        if name in READ_TOOLS:  # its file's content leaves the context with it
+            path = _read_path(call)
+            if path is None:
+                unresolved += 1
+            else:
+                evicted[path] = None
     for i, plan in parts_plan.items():
         new = dict(messages[i])
         new["content"] = [plan.get(j, part) for j, part in enumerate(messages[i]["content"])]
