@@ -8,8 +8,10 @@ media part (``image_url``, ``video_url``, ``input_audio``, ``file``) costs a fla
 ``image_tokens`` regardless of its base64 size (a 1 MB PNG is ~1 300 visual tokens on Qwen-VL,
 not 350 000); each message adds a fixed overhead for the role and separators. API-reported
 prompt counts, when a client sends them, are authoritative; this only estimates deltas and fills
-gaps. :func:`system_tokens` sizes a system prompt plus its tool declarations, cached per
-(text, tools list). Pure functions, no I/O; a leaf module (it imports nothing of the daemon).
+gaps. :func:`tool_result_chars` is the other size a history is measured by: the text
+characters of its tool results (the size trigger of micro-compaction). :func:`system_tokens`
+sizes a system prompt plus its tool declarations, cached per (text, tools list). Pure
+functions, no I/O; a leaf module (it imports nothing of the daemon).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 __all__ = [
@@ -34,6 +36,7 @@ __all__ = [
     "reasoning_tokens",
     "system_tokens",
     "tool_calls_tokens",
+    "tool_result_chars",
 ]
 
 CHARS_PER_TOKEN = 4
@@ -147,6 +150,22 @@ def history_tokens(
 ) -> int:
     """Sum of :func:`message_tokens` over ``messages``."""
     return sum(message_tokens(m, image_tokens=image_tokens) for m in messages)
+
+
+def tool_result_chars(messages: Sequence[Mapping[str, Any]]) -> int:
+    """Total text characters in tool messages (media parts not counted): the size trigger's input."""
+    total = 0
+    for msg in messages:
+        if msg.get("role") != "tool":
+            continue
+        content = msg.get("content")
+        if isinstance(content, str):
+            total += len(content)
+        elif isinstance(content, list):
+            for part in content:
+                if isinstance(part, dict) and isinstance(part.get("text"), str):
+                    total += len(part["text"])
+    return total
 
 
 _SYSTEM_TOKENS: dict[tuple[str, int], tuple[list[dict[str, Any]], int]] = {}

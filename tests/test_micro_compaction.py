@@ -15,9 +15,8 @@ from qwenctxd.compaction.micro import (
     micro_compact,
     micro_compact_if_due,
     should_micro_compact,
-    tool_result_chars,
 )
-from qwenctxd.tokens import estimate_tokens, history_tokens, message_tokens
+from qwenctxd.tokens import estimate_tokens, history_tokens, message_tokens, tool_result_chars
 
 PNG = "data:image/png;base64," + "iVBORw0KGgo" * 20
 JPEG = "data:image/jpeg;base64," + "/9j/4AAQ" * 20

@@ -42,7 +42,6 @@ unchanged messages are shared with the input list.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -69,7 +68,6 @@ __all__ = [
     "micro_compact",
     "micro_compact_if_due",
     "should_micro_compact",
-    "tool_result_chars",
 ]
 
 Message = dict[str, Any]
@@ -181,22 +179,6 @@ def _is_cleared(content: Any) -> bool:
     )
 
 
-def tool_result_chars(messages: Sequence[Message]) -> int:
-    """Total text characters in tool messages (media parts not counted): the size trigger's input."""
-    total = 0
-    for msg in messages:
-        if msg.get("role") != "tool":
-            continue
-        content = msg.get("content")
-        if isinstance(content, str):
-            total += len(content)
-        elif isinstance(content, list):
-            for part in content:
-                if isinstance(part, dict) and isinstance(part.get("text"), str):
-                    total += len(part["text"])
-    return total
-
-
 def should_micro_compact(
     *,
     now: float,
@@ -209,7 +191,7 @@ def should_micro_compact(
 
     ``idle``: at least ``idle_minutes`` since the last model reply (times in seconds, e.g.
     ``time.time()``; no reply yet or ``idle_minutes < 0`` disables it). ``size``: the tool results
-    hold at least ``size_threshold`` characters (:func:`tool_result_chars`; ``< 0`` disables).
+    hold at least ``size_threshold`` characters (:func:`~qwenctxd.tokens.tool_result_chars`; ``< 0`` disables).
     Idle wins when both fire, since it clears more.
     """
     if idle_minutes >= 0 and last_model_reply_at is not None:
