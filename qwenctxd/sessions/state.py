@@ -33,13 +33,11 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from qwenctxd.compaction.estimate import message_tokens
-from qwenctxd.compaction.micro import tool_result_chars
 from qwenctxd.compaction.thresholds import Breaker
 from qwenctxd.protocol import errors
 from qwenctxd.sessions.jsonl_writer import JsonlWriter
 from qwenctxd.skills.listing import SKILL_NAME
-from qwenctxd.tokens import estimate_tokens
+from qwenctxd.tokens import message_tokens, tool_result_chars
 
 if TYPE_CHECKING:
     from qwenctxd.project import Project
@@ -97,12 +95,12 @@ class History:
     def append(self, msg: Message) -> None:
         msg = no_null_content(msg)
         self.messages.append(msg)
-        tok = message_tokens(msg, image_tokens=self.image_tokens)
-        self.tokens.append(tok)
-        self.total += tok
         if msg.get("role") == "user":
             self.last_user = len(self.messages) - 1
         self._count(msg, 1)
+        tok = message_tokens(msg, image_tokens=self.image_tokens)
+        self.tokens.append(tok)
+        self.total += tok
 
     def pop_last(self) -> Message:
         """Take the last message back out (a merge or a rewind): a new epoch."""
@@ -117,14 +115,12 @@ class History:
 
     def replace(self, messages: list[Message]) -> None:
         """Swap the whole list (compaction, resume): re-estimated, a new epoch."""
-        self.messages = [no_null_content(m) for m in messages]
-        self.tokens = [message_tokens(m, image_tokens=self.image_tokens) for m in self.messages]
-        self.total = sum(self.tokens)
-        self.ext_count = self.tool_chars = self.reasoning_count = 0
-        for m in self.messages:
-            self._count(m, 1)
+        self.messages, self.tokens = [], []
+        self.total = self.ext_count = self.tool_chars = self.reasoning_count = 0
+        self.last_user = -1
+        for m in messages:
+            self.append(m)
         self.rewrote()
-        self._find_last_user()
         self.wire_cut = max(0, self.last_user)
 
     def tail_tokens(self, start: int) -> int:
@@ -389,8 +385,8 @@ class Session:
     def replace_history(self, messages: list[Message], *, keep_anchor_delta: int | None = None) -> None:
         """Swap the history (compaction). ``keep_anchor_delta``: keep the API anchor, shifted
         down by that many tokens (micro-compaction keeps positions); else drop it."""
+        self.usage.replaced(len(messages), keep_anchor_delta)
         self.history.replace(messages)
-        self.usage.replaced(len(self.history.messages), keep_anchor_delta)
         self.updated_at = time.time()
 
     def answered_tail(self) -> bool:
@@ -423,23 +419,3 @@ class SessionTable(dict[str, Session]):
             raise errors.SessionNotFound(f"unknown session {session_id}",
                                          data={"session_id": session_id})
         return s
-
-
-_SYSTEM_TOKENS: dict[tuple[str, int], tuple[list[dict[str, Any]], int]] = {}
-
-
-def system_tokens(system: str, tools: list[dict[str, Any]]) -> int:
-    """The estimate for a system prompt plus tool declarations; cached per (text, tools list),
-    since every turn and reply of a session asks for the same one."""
-    key = (system, id(tools))
-    hit = _SYSTEM_TOKENS.get(key)
-    if hit is not None and hit[0] is tools:
-        return hit[1]
-    import msgspec
-
-    n = estimate_tokens(system) + (estimate_tokens(msgspec.json.encode(tools).decode())
-                                   if tools else 0)
-    if len(_SYSTEM_TOKENS) > 256:
-        _SYSTEM_TOKENS.clear()
-    _SYSTEM_TOKENS[key] = (tools, n)
-    return n

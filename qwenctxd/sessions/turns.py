@@ -38,12 +38,13 @@ from qwenctxd.sessions.agent_request import begin_foreground, end_foreground, sy
 from qwenctxd.sessions.compacting import Compactor, Events, compute_thresholds
 from qwenctxd.sessions.environment import environment_reminder
 from qwenctxd.sessions.incoming import incoming_messages
-from qwenctxd.sessions.state import REASONING_KEYS, Session, SessionTable, system_tokens
+from qwenctxd.sessions.state import REASONING_KEYS, Session, SessionTable
 from qwenctxd.sessions.store import SessionStore
 from qwenctxd.sessions.titles import auto_title
 from qwenctxd.skills import listing
 from qwenctxd.skills.service import SkillsService
 from qwenctxd.tasks import TaskRegistry
+from qwenctxd.tokens import system_tokens
 
 log = structlog.get_logger("qwenctxd.turns")
 MAX_TOUCHED = 2000
