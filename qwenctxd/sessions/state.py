@@ -283,6 +283,21 @@ class Deliveries:
     carried: list[Any] = field(default_factory=list)
     surfaced: set[str] = field(default_factory=set)
 
+    def snapshot(self) -> Deliveries:
+        """A copy to go back to: what had been delivered before a user turn began."""
+        return Deliveries(
+            touched=dict(self.touched), delivered_rules=set(self.delivered_rules),
+            skills_delivered=None if self.skills_delivered is None else set(self.skills_delivered),
+            skills_activated=set(self.skills_activated), skills_generation=self.skills_generation,
+            skills_used=set(self.skills_used), prefetch=self.prefetch,
+            prefetch_delivered=self.prefetch_delivered, prefetch_early=dict(self.prefetch_early),
+            carried=list(self.carried), surfaced=set(self.surfaced))
+
+
+#: user turns whose starting deliveries a session keeps for a rewind (older ones: the rewind
+#: keeps what was delivered since, which only means a reminder is not sent twice)
+MAX_DELIVERY_MARKS = 64
+
 
 @dataclass
 class TurnState:
@@ -365,6 +380,10 @@ class Session:
     last_model_reply_at: float | None = None  # activity clock (see TurnState)
     title: str | None = None
     deliveries: Deliveries = field(default_factory=Deliveries)
+    #: the deliveries as they stood when each recent user turn began, by the history index of
+    #: its first message: a rewind to that turn goes back to them, so what the taken-back
+    #: messages carried (the skill listing, recalled memories, rules) is delivered again
+    delivery_marks: dict[int, Deliveries] = field(default_factory=dict)
     turn: TurnState = field(default_factory=TurnState)
     #: the model server this session's agent talks to (``session.open`` ``model_base_url``;
     #: the proxy's upstream): its requests are foreground there (model/scheduler.py)
@@ -374,6 +393,20 @@ class Session:
     def append(self, msg: Message) -> None:
         self.history.append(msg)
         self.updated_at = time.time()
+
+    def mark_deliveries(self, at: int, before: Deliveries) -> None:
+        """A user turn began at history index ``at`` with ``before`` delivered."""
+        self.delivery_marks[at] = before
+        while len(self.delivery_marks) > MAX_DELIVERY_MARKS:
+            self.delivery_marks.pop(next(iter(self.delivery_marks)))
+
+    def rewind_deliveries(self, cut: int) -> None:
+        """The history was cut back to ``cut`` (a rewind): deliveries as they were when the
+        turn starting there began, and no marks past it."""
+        mark = self.delivery_marks.get(cut)
+        if mark is not None:
+            self.deliveries = mark
+        self.delivery_marks = {i: d for i, d in self.delivery_marks.items() if i < cut}
 
     def pop_last(self) -> Message:
         """Take the last message back out of the history (a merge or a rewind)."""
@@ -386,6 +419,8 @@ class Session:
         """Swap the history (compaction). ``keep_anchor_delta``: keep the API anchor, shifted
         down by that many tokens (micro-compaction keeps positions); else drop it."""
         self.usage.replaced(len(messages), keep_anchor_delta)
+        if keep_anchor_delta is None:  # positions moved: no mark points at its turn any more
+            self.delivery_marks.clear()
         self.history.replace(messages)
         self.updated_at = time.time()
 

@@ -99,7 +99,11 @@ class TurnPipeline:
             events: Events = []
             reminders: list[wire.Reminder] = []
             first_turn = not s.history.messages and p.kind == "user"
+            turn_at = len(s.history.messages)
+            before = s.deliveries.snapshot() if p.kind == "user" else None
             new_msgs, merged_into = incoming_messages(s, p, events)
+            if before is not None and merged_into is None:
+                s.mark_deliveries(turn_at, before)
             if p.kind == "user" and s.title is None and p.text:
                 title = auto_title(p.text)
                 if title is not None:
@@ -445,6 +449,7 @@ class TurnPipeline:
             removed = len(s.history.messages) - cut
             while len(s.history.messages) > cut:
                 s.pop_last()
+            s.rewind_deliveries(cut)
             s.turn.rewound()
             self.store.record(s, {}, subtype=records.SUBTYPE_REWIND, payload={
                 "reason": "rewind", "turns": p.turns, "removedMessages": removed,
