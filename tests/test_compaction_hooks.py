@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 
-from qwenctxd.compaction.estimate import history_tokens
 from qwenctxd.compaction.hooks import (
     HookRun,
     matching_commands,
@@ -25,6 +24,7 @@ from qwenctxd.model import ModelClient
 from qwenctxd.protocol.turn_events import HookRan
 from qwenctxd.testing.openai_stub import Reply, ScriptedOpenAI
 from qwenctxd.testing.wait import until_async
+from qwenctxd.tokens import history_tokens
 
 SNAPSHOT = "<state_snapshot>\n<current_work>Parser fix.</current_work>\n</state_snapshot>"
 REPLY = f"<analysis>private draft</analysis>\n{SNAPSHOT}"

@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 
-from qwenctxd.compaction.estimate import history_tokens
 from qwenctxd.compaction.invariants import problems
 from qwenctxd.compaction.post_compact import (
     build_post_compact_history,
@@ -31,6 +30,7 @@ from qwenctxd.config.schema import ModelEndpoint
 from qwenctxd.model import ModelClient
 from qwenctxd.testing.chat_validation import validate_chat_body
 from qwenctxd.testing.openai_stub import Reply, ScriptedOpenAI
+from qwenctxd.tokens import history_tokens
 
 PNG = "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR4nGNgYGD4DwABBAEAcCBlCwAAAABJRU5ErkJggg=="
 SNAPSHOT = (

@@ -8,16 +8,15 @@ from typing import Any
 
 import pytest
 
-from qwenctxd.compaction.estimate import history_tokens, message_tokens
 from qwenctxd.compaction.invariants import problems
 from qwenctxd.compaction.micro import (
     CLEARED_TOOL_RESULT,
     media_mime,
     micro_compact,
+    micro_compact_if_due,
     should_micro_compact,
-    tool_result_chars,
 )
-from qwenctxd.tokens import estimate_tokens
+from qwenctxd.tokens import estimate_tokens, history_tokens, message_tokens, tool_result_chars
 
 PNG = "data:image/png;base64," + "iVBORw0KGgo" * 20
 JPEG = "data:image/jpeg;base64," + "/9j/4AAQ" * 20
@@ -379,3 +378,16 @@ def test_triggers(kw: dict[str, Any], expected: str | None) -> None:
 def test_tool_result_chars() -> None:
     msgs = history(2)
     assert tool_result_chars(msgs) == 2 * len(BIG) + len("shot 0") + len("shot 1")
+
+
+def test_micro_compact_if_due_decides_and_compacts_in_one_call() -> None:
+    msgs = history(8)
+    due = {"now": 10.0, "last_model_reply_at": 0.0, "idle_minutes": 60, "keep": 2}
+    # no trigger due: nothing to do
+    assert micro_compact_if_due(msgs, tool_chars=0, size_threshold=10**9, **due) is None
+    # the size trigger fires: the same result as micro_compact for it, its trigger named
+    r = micro_compact_if_due(msgs, tool_chars=tool_result_chars(msgs), size_threshold=1, **due)
+    assert r is not None and r.trigger == "size"
+    assert r == micro_compact(msgs, keep=2, trigger="size")
+    # a trigger fires but clearing saves nothing: None
+    assert micro_compact_if_due(r.messages, tool_chars=1, size_threshold=1, **due) is None

@@ -13,12 +13,11 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from qwenctxd.compaction.estimate import message_tokens
-from qwenctxd.compaction.micro import tool_result_chars
 from qwenctxd.config import ConfigStore
 from qwenctxd.project import Project
 from qwenctxd.sessions.jsonl_writer import JsonlWriter
 from qwenctxd.sessions.state import REASONING_KEYS, History, Session, SessionOptions
+from qwenctxd.tokens import message_tokens, tool_result_chars
 
 TEXT = st.text(min_size=0, max_size=40)
 MESSAGE = st.one_of(

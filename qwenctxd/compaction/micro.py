@@ -9,7 +9,7 @@ top-level image AND one nested image, not one item in total):
     nested media included, becomes :data:`CLEARED_TOOL_RESULT`. The tool name is the tool
     message's ``name``, else the ``function.name`` of the assistant tool call with that id.
 ``media``
-    A media part (see :data:`~qwenctxd.compaction.estimate.MEDIA_PART_TYPES`) at the top level of
+    A media part (see :data:`~qwenctxd.tokens.MEDIA_PART_TYPES`) at the top level of
     a user message's content. It becomes the text part ``[Old inline media cleared: <mime>]``.
 ``nested_media``
     A media part inside the content list of a tool message of a *non-compactable* tool. The part
@@ -27,7 +27,7 @@ threshold) clears only ``tool`` items, media is left alone (seed §7.4).
 
 An item is only replaced when that saves tokens (a 3-character result is not swapped for a
 9-token placeholder), so ``tokens_saved`` — the drop in
-:func:`~qwenctxd.compaction.estimate.history_tokens` — is positive whenever anything changed.
+:func:`~qwenctxd.tokens.history_tokens` — is positive whenever anything changed.
 Results already holding the placeholder are skipped. For every cleared ``read_file``, ``edit``
 or ``write_file`` result
 the ``file_path`` (or ``path``) argument of its call is reported in ``evicted_read_paths`` so
@@ -42,17 +42,17 @@ unchanged messages are shared with the input list.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from qwenctxd.compaction.estimate import (
+from qwenctxd.tokens import (
+    DEFAULT_IMAGE_TOKENS,
     REASONING_KEYS,
     content_tokens,
+    estimate_tokens,
     is_media_part,
     reasoning_tokens,
 )
-from qwenctxd.tokens import DEFAULT_IMAGE_TOKENS, estimate_tokens
 
 __all__ = [
     "CLEARED_MEDIA_PREFIX",
@@ -66,8 +66,8 @@ __all__ = [
     "media_mime",
     "media_placeholder",
     "micro_compact",
+    "micro_compact_if_due",
     "should_micro_compact",
-    "tool_result_chars",
 ]
 
 Message = dict[str, Any]
@@ -104,6 +104,7 @@ class MicroResult:
     evicted_read_paths: list[str] = field(default_factory=list)
     unresolved_evicted_reads: int = 0
     reasoning_stripped: int = 0
+    trigger: Trigger | None = None  # what the result was compacted for (None: a no-op)
 
     @property
     def changed(self) -> bool:
@@ -178,22 +179,6 @@ def _is_cleared(content: Any) -> bool:
     )
 
 
-def tool_result_chars(messages: Sequence[Message]) -> int:
-    """Total text characters in tool messages (media parts not counted): the size trigger's input."""
-    total = 0
-    for msg in messages:
-        if msg.get("role") != "tool":
-            continue
-        content = msg.get("content")
-        if isinstance(content, str):
-            total += len(content)
-        elif isinstance(content, list):
-            for part in content:
-                if isinstance(part, dict) and isinstance(part.get("text"), str):
-                    total += len(part["text"])
-    return total
-
-
 def should_micro_compact(
     *,
     now: float,
@@ -206,7 +191,7 @@ def should_micro_compact(
 
     ``idle``: at least ``idle_minutes`` since the last model reply (times in seconds, e.g.
     ``time.time()``; no reply yet or ``idle_minutes < 0`` disables it). ``size``: the tool results
-    hold at least ``size_threshold`` characters (:func:`tool_result_chars`; ``< 0`` disables).
+    hold at least ``size_threshold`` characters (:func:`~qwenctxd.tokens.tool_result_chars`; ``< 0`` disables).
     Idle wins when both fire, since it clears more.
     """
     if idle_minutes >= 0 and last_model_reply_at is not None:
@@ -278,12 +263,10 @@ def micro_compact(
                 if not is_error_result(msg):
                     tool_refs.append((i, name, call))
             elif isinstance(content, list):
-                error = None
+                error = is_error_result(msg)
                 for j, part in enumerate(content):
                     if is_media_part(part):
                         found["nested_media"] += 1
-                        if error is None:
-                            error = is_error_result(msg)
                         if not error:
                             nested_refs.append((i, j))
         elif role == "user":
@@ -304,23 +287,15 @@ def micro_compact(
     # --- plan: what to replace, and what it saves ---
     cleared = dict.fromkeys(KINDS, 0)
     saved = 0
-    replaced_tools: list[int] = []
-    evicted: dict[str, None] = {}
-    unresolved = 0
-    for i, name, call in tool_refs[:-keep]:
-        gain = content_tokens(messages[i].get("content"), image_tokens=image_tokens)
+    replaced_tools: list[tuple[int, str, dict[str, Any] | None]] = []
+    for ref in tool_refs[:-keep]:
+        gain = content_tokens(messages[ref[0]].get("content"), image_tokens=image_tokens)
         gain -= _TOOL_PLACEHOLDER_TOKENS
         if gain <= 0:
             continue
         saved += gain
         cleared["tool"] += 1
-        replaced_tools.append(i)
-        if name in READ_TOOLS:
-            path = _read_path(call)
-            if path is None:
-                unresolved += 1
-            else:
-                evicted[path] = None
+        replaced_tools.append(ref)
 
     parts_plan: dict[int, dict[int, dict[str, str]]] = {}
     if clear_media:
@@ -350,10 +325,18 @@ def micro_compact(
 
     # --- apply on copies ---
     out = list(messages)
-    for i in replaced_tools:
+    evicted: dict[str, None] = {}
+    unresolved = 0
+    for i, name, call in replaced_tools:
         new = dict(messages[i])
         new["content"] = CLEARED_TOOL_RESULT
         out[i] = new
+        if name in READ_TOOLS:  # its file's content leaves the context with it
+            path = _read_path(call)
+            if path is None:
+                unresolved += 1
+            else:
+                evicted[path] = None
     for i, plan in parts_plan.items():
         new = dict(messages[i])
         new["content"] = [plan.get(j, part) for j, part in enumerate(messages[i]["content"])]
@@ -372,4 +355,28 @@ def micro_compact(
         evicted_read_paths=list(evicted),
         unresolved_evicted_reads=unresolved,
         reasoning_stripped=len(stripped),
+        trigger=trigger,
     )
+
+
+def micro_compact_if_due(
+    messages: list[Message],
+    *,
+    now: float,
+    last_model_reply_at: float | None,
+    idle_minutes: float,
+    tool_chars: int,
+    size_threshold: int,
+    keep: int,
+    image_tokens: int = DEFAULT_IMAGE_TOKENS,
+) -> MicroResult | None:
+    """The automatic micro-compaction of a turn in one call: which trigger fires
+    (:func:`should_micro_compact`) and, when one does, :func:`micro_compact` for it. None when
+    no trigger fires or clearing would save nothing; else the result, its ``trigger`` set."""
+    trigger = should_micro_compact(now=now, last_model_reply_at=last_model_reply_at,
+                                   idle_minutes=idle_minutes, tool_chars=tool_chars,
+                                   size_threshold=size_threshold)
+    if trigger is None:
+        return None
+    result = micro_compact(messages, keep=keep, trigger=trigger, image_tokens=image_tokens)
+    return result if result.changed else None

@@ -19,7 +19,6 @@ import structlog
 
 from qwenctxd.compaction import hooks as hooks_mod
 from qwenctxd.compaction import micro, post_compact
-from qwenctxd.compaction.estimate import history_tokens
 from qwenctxd.compaction.thresholds import compute_thresholds as _compute_thresholds
 from qwenctxd.compaction.thresholds import level
 from qwenctxd.config.schema import Settings
@@ -29,8 +28,9 @@ from qwenctxd.model import ModelClient
 from qwenctxd.protocol import session as wire
 from qwenctxd.protocol import turn_events as ev
 from qwenctxd.sessions.agent_request import system_prompt
-from qwenctxd.sessions.state import Session, SessionTable, system_tokens
+from qwenctxd.sessions.state import Session, SessionTable
 from qwenctxd.sessions.store import SessionStore
+from qwenctxd.tokens import history_tokens, system_tokens
 
 log = structlog.get_logger("qwenctxd.turns")
 compute_thresholds = functools.lru_cache(maxsize=256)(_compute_thresholds)  # same per session
@@ -72,26 +72,34 @@ class Compactor:
         return s.project.settings
 
     async def maybe_micro(self, s: Session, events: Events, sys_tok: int) -> None:
-        idle = self.settings(s).context.clear_context_on_idle
-        tool_chars = s.history.tool_chars
-        trigger = micro.should_micro_compact(
-            now=time.time(), last_model_reply_at=s.last_model_reply_at,
-            idle_minutes=idle.tool_results_threshold_minutes, tool_chars=tool_chars,
-            size_threshold=idle.tool_results_total_chars_threshold)
-        if trigger is not None:
-            self.micro_compact(s, events, trigger=trigger, keep=idle.tool_results_num_to_keep)
+        """The idle and size micro-compaction of a turn, when one of them is due."""
+        keep = self.settings(s).context.clear_context_on_idle.tool_results_num_to_keep
+        self.micro_compact(s, events, trigger=None, keep=keep)
 
-    def micro_compact(self, s: Session, events: Events, *, trigger: str, keep: int,
+    def micro_compact(self, s: Session, events: Events, *, trigger: str | None, keep: int,
                       strip_reasoning: bool = False) -> int:
-        r = micro.micro_compact(s.history.messages, keep=keep, trigger=trigger,  # type: ignore[arg-type]
-                                strip_reasoning=strip_reasoning, image_tokens=s.history.image_tokens)
-        if r.messages is s.history.messages:
+        """Clear old tool output for ``trigger`` (None: the automatic check, idle or size when
+        one is due), record it, add its event; the tokens saved (0: nothing changed)."""
+        history = s.history
+        if trigger is None:
+            idle = self.settings(s).context.clear_context_on_idle
+            r = micro.micro_compact_if_due(
+                history.messages, now=time.time(),  # type: ignore[arg-type]
+                last_model_reply_at=s.last_model_reply_at,
+                idle_minutes=idle.tool_results_threshold_minutes, tool_chars=history.tool_chars,
+                size_threshold=idle.tool_results_total_chars_threshold, keep=keep,
+                image_tokens=history.image_tokens)
+        else:
+            r = micro.micro_compact(history.messages, keep=keep, trigger=trigger,  # type: ignore[arg-type]
+                                    strip_reasoning=strip_reasoning,
+                                    image_tokens=history.image_tokens)
+        if r is None or not r.changed:
             return 0
         s.replace_history(r.messages, keep_anchor_delta=r.tokens_saved)
         self.store.record(s, {}, subtype="micro_compaction", payload={
-            "trigger": trigger, "cleared": r.cleared, "tokensSaved": r.tokens_saved,
+            "trigger": r.trigger, "cleared": r.cleared, "tokensSaved": r.tokens_saved,
             "compressedHistory": r.messages})
-        events.append(ev.MicroCompacted(trigger=trigger, cleared=r.cleared, kept=r.kept,
+        events.append(ev.MicroCompacted(trigger=str(r.trigger), cleared=r.cleared, kept=r.kept,
                                         tokens_saved=r.tokens_saved,
                                         evicted_read_paths=r.evicted_read_paths,
                                         unresolved_evicted_reads=r.unresolved_evicted_reads))

@@ -46,12 +46,11 @@ from typing import Any, Protocol
 
 import msgspec
 
-from qwenctxd.compaction.estimate import content_tokens
 from qwenctxd.compaction.thresholds import Thresholds, compute_thresholds, level
 from qwenctxd.protocol import session as wire
 from qwenctxd.sessions.state import Session
 from qwenctxd.skills import listing
-from qwenctxd.tokens import estimate_tokens
+from qwenctxd.tokens import content_tokens, estimate_tokens
 
 PARTS = (
     "system_base",

@@ -161,7 +161,7 @@ class SessionManager:
         self.sessions[session_id] = s
         self._opened_at[session_id] = time.time()
         sp = await self.system_prompt(s)
-        from qwenctxd.sessions.state import system_tokens
+        from qwenctxd.tokens import system_tokens
 
         sys_tok = system_tokens(sp.text, s.options.tools)
         if s.usage.anchor is not None and s.usage.anchor.system_tokens == 0:

@@ -33,13 +33,11 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from qwenctxd.compaction.estimate import message_tokens
-from qwenctxd.compaction.micro import tool_result_chars
 from qwenctxd.compaction.thresholds import Breaker
 from qwenctxd.protocol import errors
 from qwenctxd.sessions.jsonl_writer import JsonlWriter
 from qwenctxd.skills.listing import SKILL_NAME
-from qwenctxd.tokens import estimate_tokens
+from qwenctxd.tokens import message_tokens, tool_result_chars
 
 if TYPE_CHECKING:
     from qwenctxd.project import Project
@@ -97,12 +95,12 @@ class History:
     def append(self, msg: Message) -> None:
         msg = no_null_content(msg)
         self.messages.append(msg)
-        tok = message_tokens(msg, image_tokens=self.image_tokens)
-        self.tokens.append(tok)
-        self.total += tok
         if msg.get("role") == "user":
             self.last_user = len(self.messages) - 1
         self._count(msg, 1)
+        tok = message_tokens(msg, image_tokens=self.image_tokens)
+        self.tokens.append(tok)
+        self.total += tok
 
     def pop_last(self) -> Message:
         """Take the last message back out (a merge or a rewind): a new epoch."""
@@ -117,14 +115,12 @@ class History:
 
     def replace(self, messages: list[Message]) -> None:
         """Swap the whole list (compaction, resume): re-estimated, a new epoch."""
-        self.messages = [no_null_content(m) for m in messages]
-        self.tokens = [message_tokens(m, image_tokens=self.image_tokens) for m in self.messages]
-        self.total = sum(self.tokens)
-        self.ext_count = self.tool_chars = self.reasoning_count = 0
-        for m in self.messages:
-            self._count(m, 1)
+        self.messages, self.tokens = [], []
+        self.total = self.ext_count = self.tool_chars = self.reasoning_count = 0
+        self.last_user = -1
+        for m in messages:
+            self.append(m)
         self.rewrote()
-        self._find_last_user()
         self.wire_cut = max(0, self.last_user)
 
     def tail_tokens(self, start: int) -> int:
@@ -287,6 +283,21 @@ class Deliveries:
     carried: list[Any] = field(default_factory=list)
     surfaced: set[str] = field(default_factory=set)
 
+    def snapshot(self) -> Deliveries:
+        """A copy to go back to: what had been delivered before a user turn began."""
+        return Deliveries(
+            touched=dict(self.touched), delivered_rules=set(self.delivered_rules),
+            skills_delivered=None if self.skills_delivered is None else set(self.skills_delivered),
+            skills_activated=set(self.skills_activated), skills_generation=self.skills_generation,
+            skills_used=set(self.skills_used), prefetch=self.prefetch,
+            prefetch_delivered=self.prefetch_delivered, prefetch_early=dict(self.prefetch_early),
+            carried=list(self.carried), surfaced=set(self.surfaced))
+
+
+#: user turns whose starting deliveries a session keeps for a rewind (older ones: the rewind
+#: keeps what was delivered since, which only means a reminder is not sent twice)
+MAX_DELIVERY_MARKS = 64
+
 
 @dataclass
 class TurnState:
@@ -369,6 +380,10 @@ class Session:
     last_model_reply_at: float | None = None  # activity clock (see TurnState)
     title: str | None = None
     deliveries: Deliveries = field(default_factory=Deliveries)
+    #: the deliveries as they stood when each recent user turn began, by the history index of
+    #: its first message: a rewind to that turn goes back to them, so what the taken-back
+    #: messages carried (the skill listing, recalled memories, rules) is delivered again
+    delivery_marks: dict[int, Deliveries] = field(default_factory=dict)
     turn: TurnState = field(default_factory=TurnState)
     #: the model server this session's agent talks to (``session.open`` ``model_base_url``;
     #: the proxy's upstream): its requests are foreground there (model/scheduler.py)
@@ -378,6 +393,20 @@ class Session:
     def append(self, msg: Message) -> None:
         self.history.append(msg)
         self.updated_at = time.time()
+
+    def mark_deliveries(self, at: int, before: Deliveries) -> None:
+        """A user turn began at history index ``at`` with ``before`` delivered."""
+        self.delivery_marks[at] = before
+        while len(self.delivery_marks) > MAX_DELIVERY_MARKS:
+            self.delivery_marks.pop(next(iter(self.delivery_marks)))
+
+    def rewind_deliveries(self, cut: int) -> None:
+        """The history was cut back to ``cut`` (a rewind): deliveries as they were when the
+        turn starting there began, and no marks past it."""
+        mark = self.delivery_marks.get(cut)
+        if mark is not None:
+            self.deliveries = mark
+        self.delivery_marks = {i: d for i, d in self.delivery_marks.items() if i < cut}
 
     def pop_last(self) -> Message:
         """Take the last message back out of the history (a merge or a rewind)."""
@@ -389,8 +418,10 @@ class Session:
     def replace_history(self, messages: list[Message], *, keep_anchor_delta: int | None = None) -> None:
         """Swap the history (compaction). ``keep_anchor_delta``: keep the API anchor, shifted
         down by that many tokens (micro-compaction keeps positions); else drop it."""
+        self.usage.replaced(len(messages), keep_anchor_delta)
+        if keep_anchor_delta is None:  # positions moved: no mark points at its turn any more
+            self.delivery_marks.clear()
         self.history.replace(messages)
-        self.usage.replaced(len(self.history.messages), keep_anchor_delta)
         self.updated_at = time.time()
 
     def answered_tail(self) -> bool:
@@ -423,23 +454,3 @@ class SessionTable(dict[str, Session]):
             raise errors.SessionNotFound(f"unknown session {session_id}",
                                          data={"session_id": session_id})
         return s
-
-
-_SYSTEM_TOKENS: dict[tuple[str, int], tuple[list[dict[str, Any]], int]] = {}
-
-
-def system_tokens(system: str, tools: list[dict[str, Any]]) -> int:
-    """The estimate for a system prompt plus tool declarations; cached per (text, tools list),
-    since every turn and reply of a session asks for the same one."""
-    key = (system, id(tools))
-    hit = _SYSTEM_TOKENS.get(key)
-    if hit is not None and hit[0] is tools:
-        return hit[1]
-    import msgspec
-
-    n = estimate_tokens(system) + (estimate_tokens(msgspec.json.encode(tools).decode())
-                                   if tools else 0)
-    if len(_SYSTEM_TOKENS) > 256:
-        _SYSTEM_TOKENS.clear()
-    _SYSTEM_TOKENS[key] = (tools, n)
-    return n

@@ -38,12 +38,13 @@ from qwenctxd.sessions.agent_request import begin_foreground, end_foreground, sy
 from qwenctxd.sessions.compacting import Compactor, Events, compute_thresholds
 from qwenctxd.sessions.environment import environment_reminder
 from qwenctxd.sessions.incoming import incoming_messages
-from qwenctxd.sessions.state import REASONING_KEYS, Session, SessionTable, system_tokens
+from qwenctxd.sessions.state import REASONING_KEYS, Session, SessionTable
 from qwenctxd.sessions.store import SessionStore
 from qwenctxd.sessions.titles import auto_title
 from qwenctxd.skills import listing
 from qwenctxd.skills.service import SkillsService
 from qwenctxd.tasks import TaskRegistry
+from qwenctxd.tokens import system_tokens
 
 log = structlog.get_logger("qwenctxd.turns")
 MAX_TOUCHED = 2000
@@ -98,7 +99,11 @@ class TurnPipeline:
             events: Events = []
             reminders: list[wire.Reminder] = []
             first_turn = not s.history.messages and p.kind == "user"
+            turn_at = len(s.history.messages)
+            before = s.deliveries.snapshot() if p.kind == "user" else None
             new_msgs, merged_into = incoming_messages(s, p, events)
+            if before is not None and merged_into is None:
+                s.mark_deliveries(turn_at, before)
             if p.kind == "user" and s.title is None and p.text:
                 title = auto_title(p.text)
                 if title is not None:
@@ -444,6 +449,7 @@ class TurnPipeline:
             removed = len(s.history.messages) - cut
             while len(s.history.messages) > cut:
                 s.pop_last()
+            s.rewind_deliveries(cut)
             s.turn.rewound()
             self.store.record(s, {}, subtype=records.SUBTYPE_REWIND, payload={
                 "reason": "rewind", "turns": p.turns, "removedMessages": removed,
