@@ -45,7 +45,7 @@ def handler_families(s: Services, *, control: DaemonControl, dispatcher: Dispatc
         SpeculationHandlers(speculation=s.speculation, sessions=s.sessions, tasks=s.tasks,
                             model=s.model),
         TranscriptHandlers(sessions=s.sessions),
-        SearchHandlers(search=s.search),
+        SearchHandlers(search=s.search, projects=s.projects),
     ]
     if debug:
         from qwenctxd.server.methods.debug_methods import DebugHandlers

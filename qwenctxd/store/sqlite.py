@@ -30,6 +30,7 @@ class CacheDatabase:
         self.set_aside: Path | None = None  # where a corrupt DB was moved, if open() did that
         self._db: aiosqlite.Connection | None = None
         self._lock: anyio.Lock | None = None
+        self._opening: anyio.Event | None = None  # set once an open() begun has finished
 
     async def __aenter__(self) -> Any:
         await self.open()
@@ -39,21 +40,33 @@ class CacheDatabase:
         await self.close()
 
     async def open(self) -> None:
+        """Open (rebuilding a corrupt file). Not cancellable once begun: aiosqlite's worker
+        thread is not a daemon thread, so a connection abandoned half-open would keep the
+        process from exiting; a cancellation lands right after, with the database open (and
+        :meth:`close` waits for an open in progress)."""
         if self._db is not None:
             return
         self._lock = anyio.Lock()
-        await anyio.to_thread.run_sync(
-            lambda: self.db_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        )
+        self._opening = opening = anyio.Event()
         try:
-            self._db = await self._connect()
-        except sqlite3.OperationalError:
-            raise  # locked, unreadable, …: not corruption — never move it aside
-        except sqlite3.DatabaseError:
-            self.set_aside = await anyio.to_thread.run_sync(self._move_aside)
-            self._db = await self._connect()
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(
+                    lambda: self.db_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+                )
+                try:
+                    self._db = await self._connect()
+                except sqlite3.OperationalError:
+                    raise  # locked, unreadable, …: not corruption — never move it aside
+                except sqlite3.DatabaseError:
+                    self.set_aside = await anyio.to_thread.run_sync(self._move_aside)
+                    self._db = await self._connect()
+        finally:
+            opening.set()
 
     async def close(self) -> None:
+        if self._opening is not None:
+            with anyio.CancelScope(shield=True):
+                await self._opening.wait()
         db, self._db = self._db, None
         if db is not None:
             await db.close()

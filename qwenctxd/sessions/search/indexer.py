@@ -23,20 +23,22 @@ import os
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import anyio
 import anyio.to_thread
 import structlog
 
 from qwenctxd.paths import SESSION_FILE_RE, project_slug
-from qwenctxd.project.roots import find_project_root
 from qwenctxd.protocol import errors
 from qwenctxd.protocol import session as wire
 from qwenctxd.sessions.search import query as search_query
 from qwenctxd.sessions.search.index import FileState, FileUpdate, Filters, SearchIndex
 from qwenctxd.sessions.search.reader import chats_dirs, discover, read_update
 from qwenctxd.watch import FileChange, WatchHub
+
+if TYPE_CHECKING:
+    from qwenctxd.project import Project
 
 log = structlog.get_logger("qwenctxd.sessions.search")
 
@@ -194,9 +196,10 @@ class SessionSearch:
         return {"sessions": files, "entries": entries, "pending": self.pending,
                 "torn_lines": torn, "junk_files": junk, "batches": self.batches}
 
-    async def search(self, p: wire.SearchParams, cwd: Path | None) -> wire.SearchResult:
+    async def search(self, p: wire.SearchParams,
+                     scope: tuple[Path, Project] | None) -> wire.SearchResult:
         """``session.search`` (params checked here: -32602 naming the field)."""
-        filters = await _filters(p, cwd)
+        filters = _filters(p, scope)
         await self._opened.wait()
         q = search_query.parse(p.query)
         hits: list[wire.SearchHit] = []
@@ -241,7 +244,9 @@ def parse_since(value: str) -> float:
     return when.timestamp()
 
 
-async def _filters(p: wire.SearchParams, cwd: Path | None) -> Filters:
+def _filters(p: wire.SearchParams, scope: tuple[Path, Project] | None) -> Filters:
+    """The query's filters; ``scope``: the cwd and the project it belongs to (resolved at the
+    wire edge) — the sessions recorded in the cwd or anywhere in its project."""
     if not p.query.strip():
         raise _invalid("query", "blank")
     if not 1 <= p.limit <= MAX_LIMIT:
@@ -254,8 +259,9 @@ async def _filters(p: wire.SearchParams, cwd: Path | None) -> Filters:
         checked_id(p.session_id)
     since = parse_since(p.since) if p.since is not None else None
     filters = Filters(roles=sorted(set(p.roles)), session_id=p.session_id, since_ts=since)
-    if cwd is not None:
-        root: Any = await anyio.to_thread.run_sync(find_project_root, cwd)
+    if scope is not None:
+        cwd, project = scope
+        root = project.root
         slugs = {project_slug(cwd)}
         if root is not None:
             slugs.add(project_slug(root))
