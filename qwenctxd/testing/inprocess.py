@@ -93,6 +93,11 @@ class _PipeConnection:
             self.inbox_send.close()
             self._to_client.put(_EOF)
 
+    def dispose(self) -> None:
+        """Release the inbox once the connection no longer reads it."""
+        self.close()
+        self._inbox.close()
+
 
 class InProcessTransport:
     """A blocking client transport (``framing``, ``send``, ``receive``, ``close``) whose frames
@@ -293,7 +298,7 @@ class InProcessDaemon:
         try:
             await host._handle(pipe, os.getuid())  # type: ignore[arg-type]
         finally:
-            pipe.close()
+            pipe.dispose()
 
     def client(self, *, framing: Framing = Framing.NDJSON, timeout: float | None = 30.0
                ) -> Client:
