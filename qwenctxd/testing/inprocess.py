@@ -176,6 +176,8 @@ class _InProcessHost(Daemon):
                 await self.services.sessions.aclose()
                 await self.services.memory.aclose()
                 self.services.speculation.close()
+                # a process exits here; this loop closes instead, so its HTTP clients go first
+                await self.model.aclose()
             tg.cancel_scope.cancel()
 
 
