@@ -1,4 +1,5 @@
-"""Instructions and the system prompt through the socket, with real trees in a scratch HOME."""
+"""Instructions and the system prompt through the daemon (its dispatcher in-process, or a
+spawned daemon where a test needs one), with real trees in a scratch HOME."""
 
 from __future__ import annotations
 
