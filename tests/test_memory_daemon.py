@@ -1,5 +1,6 @@
-"""Auto memory through the daemon (in-process, or spawned with a scripted model): layout, recall (model and lexical), prefetch timing in
-session turns, team-memory secret guard, two-step forget."""
+"""Auto memory through the daemon (in-process, or spawned with a scripted model): layout,
+recall (model and lexical), prefetch timing in session turns, team-memory secret guard,
+two-step forget."""
 
 from __future__ import annotations
 
