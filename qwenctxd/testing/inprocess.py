@@ -1,9 +1,9 @@
 """The real daemon's services and dispatcher run in this process, reached without a socket.
 
-:class:`InProcessDaemon` composes the services a spawned daemon composes
-(:func:`qwenctxd.server.compose.build_services`, through :class:`qwenctxd.server.app.Daemon`'s
-constructor) for a scratch HOME, serves the real ``Dispatcher`` over ``served_specs`` on an
-anyio event loop in a background thread, and hands out :class:`qwenctxd.client.Client`\\ s over
+:class:`InProcessDaemon` composes the services a spawned daemon composes (through
+:class:`qwenctxd.server.host.ServiceHost`, the part of the daemon that is not a process) for a
+scratch HOME, serves the real ``Dispatcher`` over ``served_specs`` on an anyio event loop in a
+background thread, and hands out :class:`qwenctxd.client.Client`\\ s over
 an :class:`InProcessTransport`: a request's frame goes to a real
 :class:`~qwenctxd.server.connection.Connection` (per-session order, ``rpc.cancel``, error
 replies, ``daemon.subscribe`` notifications — the same code a socket connection runs), through
@@ -52,7 +52,7 @@ from qwenctxd.testing import spawn as spawn_mod
 with warnings.catch_warnings():  # jsonrpcserver reads its schema with a deprecated call
     warnings.simplefilter("ignore", DeprecationWarning)
     from qwenctxd.config import ConfigStore
-    from qwenctxd.server.app import Daemon
+    from qwenctxd.server.host import ServiceHost
 
 #: held while an in-process daemon runs: it owns this process's environment for its life
 _ENVIRON_OWNER = threading.Lock()
@@ -151,34 +151,36 @@ class InProcessTransport:
             pass
 
 
-class _InProcessHost(Daemon):
+class _InProcessHost(ServiceHost):
     """The daemon's ConnectionHost and DaemonControl, served without a listener: its services
-    run as in :meth:`Daemon.run` minus what belongs to a process (pid lock, socket, signals,
-    systemd, the watchdog, ``gc.freeze``)."""
+    run as in ``Daemon.run`` (:mod:`qwenctxd.server.app`) minus what belongs to a process (pid
+    lock, socket, signals, systemd, the watchdog, ``gc.freeze``)."""
 
     async def serve_in_process(self, *, task_status: anyio.abc.TaskStatus[
             anyio.abc.TaskGroup]) -> None:
         async with anyio.create_task_group() as tg:
             self.tasks.attach(tg)
-            await tg.start(self.hub.run)
-            await tg.start(functools.partial(self.config.run, self.hub, tasks=self.tasks))
-            await self.services.sessions.start()
+            await self._start_services(tg)
             async with anyio.create_task_group() as conns:
                 self.state = "serving"
-                tg.start_soon(self._supervised, "idle-dream", self.services.background.idle_loop)
-                tg.start_soon(self._supervised, "idle-close",
-                              self.services.sessions.idle_close_loop)
+                self._start_idle_loops(tg)
                 task_status.started(conns)
                 await self._stop.wait()
                 await self._finish_shutdown()
                 conns.cancel_scope.cancel()
+            await self._close_services()
             with anyio.CancelScope(shield=True):
-                await self.services.sessions.aclose()
-                await self.services.memory.aclose()
-                self.services.speculation.close()
                 # a process exits here; this loop closes instead, so its HTTP clients go first
                 await self.model.aclose()
             tg.cancel_scope.cancel()
+
+    async def serve_pipe(self, pipe: _PipeConnection) -> None:
+        """What the accept loop does for each connection: serve it (counted in
+        ``daemon.status``), then close it."""
+        try:
+            await self._handle(pipe, os.getuid())  # type: ignore[arg-type]
+        finally:
+            pipe.dispose()
 
 
 class InProcessDaemon:
@@ -286,21 +288,13 @@ class InProcessDaemon:
         host, conns = self.host, self._conns
 
         def open_connection() -> None:
-            conns.start_soon(self._serve_connection, host, pipe)
+            conns.start_soon(host.serve_pipe, pipe)
 
         self._portal.call(open_connection)
         transport = InProcessTransport(self._portal, pipe, replies, framing=framing,
                                        timeout=timeout)
         self._clients.append(transport)
         return transport
-
-    @staticmethod
-    async def _serve_connection(host: _InProcessHost, pipe: _PipeConnection) -> None:
-        """What the accept loop does for each connection: serve it, then close it."""
-        try:
-            await host._handle(pipe, os.getuid())  # type: ignore[arg-type]
-        finally:
-            pipe.dispose()
 
     def client(self, *, framing: Framing = Framing.NDJSON, timeout: float | None = 30.0
                ) -> Client:
