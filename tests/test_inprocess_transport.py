@@ -87,6 +87,7 @@ def test_a_request_reaches_the_dispatcher_in_this_process(
         status = c.call("daemon.status")
     assert hello.pid == os.getpid()  # served by this process
     assert status["state"] == "serving" and status["connections"] == 1
+    assert set(status["secrets"].values()) == {0}  # a fresh daemon's numbers
     assert os.environ["HOME"] == str(inprocess_daemon.home)  # the daemon's HOME, for its life
     assert not inprocess_daemon.socket.exists()  # no socket file was ever bound
 

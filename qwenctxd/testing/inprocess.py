@@ -23,7 +23,10 @@ they call ``qwenctxd.client`` directly.
 The services read ``HOME`` and ``XDG_*`` from ``os.environ`` when they are called, so the
 daemon sets them (as a spawned daemon's environment would be) for its whole life and restores
 the test process's environment at :meth:`~InProcessDaemon.cleanup`; hence one in-process
-daemon per process at a time (a second ``start`` raises ``RuntimeError``).
+daemon per process at a time (a second ``start`` raises ``RuntimeError``). Process-wide
+state a fresh daemon process would start without: the secret-redaction counters are reset at
+start; structlog keeps the test process's configuration (the daemon's lines go to captured
+stdout, so ``log_text()``/``logged()`` of ``SpawnedDaemon`` have no counterpart here).
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ import anyio.from_thread
 from qwenctxd.client import Client
 from qwenctxd.client.errors import ConnectionLost
 from qwenctxd.protocol.framing import FrameDecoder, Framing, FramingError, encode
+from qwenctxd.secrets import COUNTERS as secret_counters
 from qwenctxd.testing import spawn as spawn_mod
 
 with warnings.catch_warnings():  # jsonrpcserver reads its schema with a deprecated call
@@ -228,6 +232,7 @@ class InProcessDaemon:
             kept = {k: v for k, v in os.environ.items() if not k.startswith(_NOT_INHERITED)}
             os.environ.clear()
             os.environ.update({**kept, **self.env})
+            secret_counters.reset()  # process-wide: daemon.status shows this daemon's numbers
             self._portal = self._stack.enter_context(
                 anyio.from_thread.start_blocking_portal(backend="asyncio"))
             store = ConfigStore()
