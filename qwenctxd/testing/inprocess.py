@@ -52,6 +52,7 @@ from qwenctxd.client.errors import ConnectionLost
 from qwenctxd.protocol.framing import FrameDecoder, Framing, FramingError, encode
 from qwenctxd.secrets import COUNTERS as secret_counters
 from qwenctxd.testing import spawn as spawn_mod
+from qwenctxd.testing.wait import until_async
 
 with warnings.catch_warnings():  # jsonrpcserver reads its schema with a deprecated call
     warnings.simplefilter("ignore", DeprecationWarning)
@@ -65,6 +66,7 @@ _ENVIRON_OWNER = threading.Lock()
 _NOT_INHERITED = ("OPENAI_", "QWEN", "XDG_", "LISTEN_", "NOTIFY_", "WATCHDOG_")
 
 _EOF = b""
+SEARCH_READY_S = 10.0  # bound on the wait for the search index's first scan at start
 
 
 class _PipeConnection:
@@ -168,6 +170,7 @@ class _InProcessHost(ServiceHost):
             async with anyio.create_task_group() as conns:
                 self.state = "serving"
                 self._start_idle_loops(tg)
+                await self._first_search_scan()
                 task_status.started(conns)
                 await self._stop.wait()
                 await self._finish_shutdown()
@@ -177,6 +180,14 @@ class _InProcessHost(ServiceHost):
                 # a process exits here; this loop closes instead, so its HTTP clients go first
                 await self.model.aclose()
             tg.cancel_scope.cancel()
+
+    async def _first_search_scan(self) -> None:
+        """Wait (bounded) for the search index's first open and scan. A process exits after
+        its shutdown; this loop closes, and an index open cancelled half-way (a test that
+        cleans up at once) would leave aiosqlite's thread posting to a closed loop."""
+        search = self.services.search
+        await until_async(lambda: not search.pending, timeout=SEARCH_READY_S, interval=0.01,
+                          what="the search index's first scan")
 
     async def serve_pipe(self, pipe: _PipeConnection) -> None:
         """What the accept loop does for each connection: serve it (counted in
