@@ -1,6 +1,7 @@
 """Shared fixtures: a spawned real daemon in a scratch HOME (one per test, or one per module for
 tests that each work in a project of their own; forked from the pre-imported
-:mod:`qwenctxd.testing.forkserver`), and the scripted model server; and a guard
+:mod:`qwenctxd.testing.forkserver`), the daemon's services served in-process for handler tests
+(``inprocess_daemon``), and the scripted model server; and a guard
 that fails the run when the suite left anything outside its tmp dirs (see
 :mod:`qwenctxd.testing.leaks` for what is checked and why that scope)."""
 
@@ -14,6 +15,7 @@ import pytest
 
 from qwenctxd.testing import forkserver, leaks
 from qwenctxd.testing import spawn as spawn_mod
+from qwenctxd.testing.inprocess import InProcessDaemon
 from qwenctxd.testing.spawn import SpawnedDaemon
 
 #: The HOME the suite was started with, read before any test points HOME at a scratch tree.
@@ -59,6 +61,16 @@ def module_daemon() -> Iterator[SpawnedDaemon]:
     finally:
         d.cleanup()
 
+
+
+@pytest.fixture
+def inprocess_daemon() -> Iterator[InProcessDaemon]:
+    """The daemon's services and dispatcher in this process, for an empty scratch HOME,
+    reached by ``client()``/``call()`` without a socket (:mod:`qwenctxd.testing.inprocess`).
+    For handler tests that only call methods and check results; a test about the process, the
+    socket, framing on the wire, signals or its log takes ``daemon`` instead."""
+    with InProcessDaemon() as d:
+        yield d
 
 
 @pytest.fixture(scope="session", autouse=True)

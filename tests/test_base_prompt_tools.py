@@ -3,8 +3,10 @@ sections whose tools are not declared are left out and reported as omitted."""
 
 from __future__ import annotations
 
+import pytest
+
 from qwenctxd.testing.contract import c5_problems
-from qwenctxd.testing.spawn import SpawnedDaemon
+from qwenctxd.testing.inprocess import InProcessDaemon
 
 
 def _tool(name: str, *params: str) -> dict:
@@ -17,7 +19,13 @@ CLAUDE_LIKE = [_tool("Read", "file_path"), _tool("Bash", "command"),
                _tool("Grep", "pattern")]
 
 
-def test_prompt_follows_declared_tools_and_agent(daemon: SpawnedDaemon) -> None:
+@pytest.fixture
+def daemon(inprocess_daemon: InProcessDaemon) -> InProcessDaemon:
+    """This module's handler tests need no process: they run on the in-process daemon."""
+    return inprocess_daemon
+
+
+def test_prompt_follows_declared_tools_and_agent(daemon: InProcessDaemon) -> None:
     r = daemon.call("prompt.system", {"cwd": str(daemon.home), "model": "qwen3-coder-plus",
                                       "tools": CLAUDE_LIKE, "agent": {"name": "Helix"}})
     text = r["text"]
@@ -29,7 +37,7 @@ def test_prompt_follows_declared_tools_and_agent(daemon: SpawnedDaemon) -> None:
     assert omitted == [{"name": "task_management", "chars": 0, "est_tokens": 0, "omitted": True}]
 
 
-def test_no_tools_means_no_tool_sections_in_a_session(daemon: SpawnedDaemon) -> None:
+def test_no_tools_means_no_tool_sections_in_a_session(daemon: InProcessDaemon) -> None:
     sid = daemon.call("session.open", {"cwd": str(daemon.home), "model": "m"})["session_id"]
     p = daemon.call("session.turn", {"session_id": sid, "kind": "user", "text": "hi"})
     assert [t["function"]["name"] for t in p["tools"]] == ["skill"]
@@ -41,7 +49,7 @@ def test_no_tools_means_no_tool_sections_in_a_session(daemon: SpawnedDaemon) -> 
         "task_management", "tool_call_examples"}
 
 
-def test_todo_tool_brings_task_management_back(daemon: SpawnedDaemon) -> None:
+def test_todo_tool_brings_task_management_back(daemon: InProcessDaemon) -> None:
     r = daemon.call("prompt.system", {"cwd": str(daemon.home),
                                       "tools": [_tool("TodoWrite", "todos")]})
     assert "Use the `TodoWrite` tool" in r["text"]

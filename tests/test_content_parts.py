@@ -13,9 +13,15 @@ import pytest
 from qwenctxd.client import RemoteError
 from qwenctxd.protocol import errors
 from qwenctxd.sessions.content_parts import check_parts
-from qwenctxd.testing.spawn import SpawnedDaemon
+from qwenctxd.testing.inprocess import InProcessDaemon
 
 IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+
+
+@pytest.fixture
+def daemon(inprocess_daemon: InProcessDaemon) -> InProcessDaemon:
+    """This module's handler tests need no process: they run on the in-process daemon."""
+    return inprocess_daemon
 
 
 @pytest.mark.parametrize(("parts", "field"), [
@@ -42,7 +48,7 @@ def test_well_formed_parts_pass() -> None:
 
 
 def test_through_the_socket_bad_parts_are_refused_and_nothing_is_recorded(
-        daemon: SpawnedDaemon) -> None:
+        daemon: InProcessDaemon) -> None:
     repo = daemon.home / "repo"
     (repo / ".git").mkdir(parents=True)
     opened = daemon.call("session.open", {"cwd": str(repo), "model": "m"})
@@ -72,7 +78,7 @@ def test_through_the_socket_bad_parts_are_refused_and_nothing_is_recorded(
     assert sum(1 for r in recorded if r["type"] in ("user", "assistant", "tool_result")) == 3
 
 
-def test_odd_parts_in_a_recorded_session_do_not_break_it(daemon: SpawnedDaemon) -> None:
+def test_odd_parts_in_a_recorded_session_do_not_break_it(daemon: InProcessDaemon) -> None:
     repo = daemon.home / "repo"
     (repo / ".git").mkdir(parents=True)
     opened = daemon.call("session.open", {"cwd": str(repo), "model": "m"})

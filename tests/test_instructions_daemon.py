@@ -1,4 +1,5 @@
-"""Instructions and the system prompt through the socket, with real trees in a scratch HOME."""
+"""Instructions and the system prompt through the daemon (its dispatcher in-process, or a
+spawned daemon where a test needs one), with real trees in a scratch HOME."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from qwenctxd.client import RemoteError
+from qwenctxd.testing.inprocess import InProcessDaemon
 from qwenctxd.testing.spawn import SpawnedDaemon
 from qwenctxd.testing.wait import until
 
@@ -32,8 +34,14 @@ def rule_markers(text: str) -> list[str]:
             if line.startswith("--- Rule from: ")]
 
 
+@pytest.fixture
+def daemon(inprocess_daemon: InProcessDaemon) -> InProcessDaemon:
+    """This module's handler tests need no process: they run on the in-process daemon."""
+    return inprocess_daemon
+
+
 def test_output_language_file_loads_after_the_agents_chain_and_before_the_local_file(
-        daemon: SpawnedDaemon) -> None:
+        daemon: InProcessDaemon) -> None:
     repo, cwd = build_tree(daemon.home)
     write(daemon.home / ".qwen" / "output-language.md",
           "# Output language preference: auto\nRespond in the user's language.\n")
@@ -49,11 +57,11 @@ def test_output_language_file_loads_after_the_agents_chain_and_before_the_local_
     assert "--- End of Rule from: .qwen/rules/style.md ---" in r["text"]
 
 
-def prompt(d: SpawnedDaemon, cwd: Path, **kw) -> dict:  # type: ignore[no-untyped-def]
+def prompt(d: SpawnedDaemon | InProcessDaemon, cwd: Path, **kw) -> dict:  # type: ignore[no-untyped-def]
     return d.call("prompt.system", {"cwd": str(cwd), **kw})
 
 
-def prompt_with(d: SpawnedDaemon, cwd: Path, needle: str) -> dict | None:
+def prompt_with(d: SpawnedDaemon | InProcessDaemon, cwd: Path, needle: str) -> dict | None:
     """The prompt for ``cwd`` if its text contains ``needle``, else None (for ``until``)."""
     r = prompt(d, cwd)
     return r if needle in r["text"] else None
@@ -75,7 +83,7 @@ def build_tree(home: Path) -> tuple[Path, Path]:
     return repo, cwd
 
 
-def test_layered_order_and_markers(daemon: SpawnedDaemon) -> None:
+def test_layered_order_and_markers(daemon: InProcessDaemon) -> None:
     repo, cwd = build_tree(daemon.home)
     r = prompt(daemon, cwd)
     assert markers(r["text"]) == [
@@ -100,7 +108,7 @@ def test_layered_order_and_markers(daemon: SpawnedDaemon) -> None:
     assert [r_["path"] for r_ in files["rules"]] == [str(repo / ".qwen" / "rules" / "style.md")]
 
 
-def test_cwd_is_home(daemon: SpawnedDaemon) -> None:
+def test_cwd_is_home(daemon: InProcessDaemon) -> None:
     build_tree(daemon.home)
     write(daemon.home / "QWEN.md", "home qwen\n")
     r = prompt(daemon, daemon.home)
@@ -108,7 +116,7 @@ def test_cwd_is_home(daemon: SpawnedDaemon) -> None:
     assert all(f["type"] == "user" for f in r["files"])
 
 
-def test_worktree_git_file_marks_the_root(daemon: SpawnedDaemon) -> None:
+def test_worktree_git_file_marks_the_root(daemon: InProcessDaemon) -> None:
     wt = daemon.home / "wt"
     write(wt / ".git", "gitdir: /nonexistent/.git/worktrees/wt\n")
     write(wt / "QWEN.md", "worktree qwen\n")
@@ -122,7 +130,7 @@ def test_worktree_git_file_marks_the_root(daemon: SpawnedDaemon) -> None:
     assert r["project_root"] == str(wt)
 
 
-def test_no_git_at_all(daemon: SpawnedDaemon) -> None:
+def test_no_git_at_all(daemon: InProcessDaemon) -> None:
     plain = daemon.home / "plain" / "a" / "b"
     plain.mkdir(parents=True)
     write(daemon.home / "plain" / "QWEN.md", "plain qwen\n")
@@ -133,7 +141,7 @@ def test_no_git_at_all(daemon: SpawnedDaemon) -> None:
     assert "# Git" not in r["text"]  # no git → no git sections
 
 
-def test_local_slot_symlink_is_refused(daemon: SpawnedDaemon) -> None:
+def test_local_slot_symlink_is_refused(daemon: InProcessDaemon) -> None:
     repo, cwd = build_tree(daemon.home)
     local = repo / ".qwen" / "QWEN.local.md"
     local.unlink()
@@ -144,7 +152,7 @@ def test_local_slot_symlink_is_refused(daemon: SpawnedDaemon) -> None:
     assert any(e["kind"] == "refused" and "symlink" in e["message"] for e in r["errors"])
 
 
-def test_imports_through_the_socket(daemon: SpawnedDaemon) -> None:
+def test_imports_through_the_socket(daemon: InProcessDaemon) -> None:
     repo = daemon.home / "imp"
     (repo / ".git").mkdir(parents=True)
     write(repo / "a.md", "A says @./b.md\n")
@@ -192,13 +200,13 @@ def test_tool_call_style_by_model(daemon: SpawnedDaemon, model: str, needle: str
     assert needle in text
 
 
-def test_tool_call_style_env_overrides(daemon: SpawnedDaemon) -> None:
+def test_tool_call_style_env_overrides(daemon: InProcessDaemon) -> None:
     text = prompt(daemon, daemon.home, model="gpt-4o",
                   env={"QWEN_CODE_TOOL_CALL_STYLE": "qwen-coder"})["text"]
     assert "<function=" in text
 
 
-def test_system_md_switches(daemon: SpawnedDaemon) -> None:
+def test_system_md_switches(daemon: InProcessDaemon) -> None:
     repo = daemon.home / "sysmd"
     repo.mkdir()
     with pytest.raises(RemoteError) as exc:
@@ -218,7 +226,7 @@ def test_system_md_switches(daemon: SpawnedDaemon) -> None:
     assert daemon.call("daemon.ping") == "pong"
 
 
-def test_append_and_sections(daemon: SpawnedDaemon) -> None:
+def test_append_and_sections(daemon: InProcessDaemon) -> None:
     repo, cwd = build_tree(daemon.home)
     plain = prompt(daemon, cwd)
     r = prompt(daemon, cwd, append="Extra words.")
@@ -229,7 +237,7 @@ def test_append_and_sections(daemon: SpawnedDaemon) -> None:
     assert [s["name"] for s in r["sections"]][-3:] == ["instructions", "memory", "append"]
 
 
-def test_git_status_section(daemon: SpawnedDaemon) -> None:
+def test_git_status_section(daemon: InProcessDaemon) -> None:
     if shutil.which("git") is None:
         pytest.skip("git not installed")
     repo = daemon.home / "gitrepo"
@@ -247,7 +255,7 @@ def test_git_status_section(daemon: SpawnedDaemon) -> None:
           what="the new commit in the git section")
 
 
-def test_edits_are_live_and_unrelated_churn_costs_nothing(daemon: SpawnedDaemon) -> None:
+def test_edits_are_live_and_unrelated_churn_costs_nothing(daemon: InProcessDaemon) -> None:
     repo, cwd = build_tree(daemon.home)
     first = prompt(daemon, cwd)
     # the prompt subscribed its directories; once they are registered no change goes unseen
@@ -303,7 +311,7 @@ def test_problems_are_listed_and_the_prompt_still_assembles(spawn) -> None:  # t
     assert {e["kind"] for e in r["errors"]} >= {"unreadable", "too_large", "import_traversal"}
 
 
-def test_conditional_rules_match_touched_paths(daemon: SpawnedDaemon) -> None:
+def test_conditional_rules_match_touched_paths(daemon: InProcessDaemon) -> None:
     repo, cwd = build_tree(daemon.home)
     write(repo / ".qwen" / "rules" / "ts.md",
           '---\npaths: ["src/**/*.ts", "*.js"]\n---\nPrefer strict TypeScript.\n')
@@ -318,7 +326,7 @@ def test_conditional_rules_match_touched_paths(daemon: SpawnedDaemon) -> None:
                        {"cwd": str(repo), "paths": ["README.md"]}) == {"rules": []}
 
 
-def test_add_memory(daemon: SpawnedDaemon) -> None:
+def test_add_memory(daemon: InProcessDaemon) -> None:
     repo, cwd = build_tree(daemon.home)
     before = prompt(daemon, cwd)
     r = daemon.call("instructions.add_memory", {"cwd": str(cwd), "scope": "project",
@@ -342,7 +350,7 @@ def test_add_memory(daemon: SpawnedDaemon) -> None:
     assert (repo / "QWEN.md").read_text().endswith("- prefers tabs over spaces\n- second\n")
 
 
-def test_bad_cwd_is_a_clear_error(daemon: SpawnedDaemon) -> None:
+def test_bad_cwd_is_a_clear_error(daemon: InProcessDaemon) -> None:
     for bad in ("relative/path", "/nonexistent/dir"):
         with pytest.raises(RemoteError) as exc:
             daemon.call("prompt.system", {"cwd": bad})
@@ -350,7 +358,7 @@ def test_bad_cwd_is_a_clear_error(daemon: SpawnedDaemon) -> None:
     assert daemon.call("daemon.ping") == "pong"
 
 
-def test_extension_context_files_load_after_the_hierarchy(daemon: SpawnedDaemon) -> None:
+def test_extension_context_files_load_after_the_hierarchy(daemon: InProcessDaemon) -> None:
     repo, cwd = build_tree(daemon.home)
     ext = daemon.home / ".qwen" / "extensions" / "helper"
     write(ext / "qwen-extension.json", '{"name": "helper", "contextFileName": "HELPER.md"}')

@@ -1,5 +1,6 @@
-"""Auto memory through the socket: layout, recall (model and lexical), prefetch timing in
-session turns, team-memory secret guard, two-step forget."""
+"""Auto memory through the daemon (in-process, or spawned with a scripted model): layout,
+recall (model and lexical), prefetch timing in session turns, team-memory secret guard,
+two-step forget."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 
 from qwenctxd.client import RemoteError
 from qwenctxd.paths import project_slug
+from qwenctxd.testing.inprocess import InProcessDaemon
 from qwenctxd.testing.openai_stub import Reply, ScriptedOpenAI
 from qwenctxd.testing.spawn import SpawnedDaemon, wait_until
 from qwenctxd.testing.wait import until
@@ -40,7 +42,13 @@ def is_recall(body: dict[str, Any]) -> bool:
     return "Available memories" in json.dumps(body.get("messages", []))
 
 
-def test_layout_and_scaffold(daemon: SpawnedDaemon) -> None:
+@pytest.fixture
+def daemon(inprocess_daemon: InProcessDaemon) -> InProcessDaemon:
+    """This module's handler tests need no process: they run on the in-process daemon."""
+    return inprocess_daemon
+
+
+def test_layout_and_scaffold(daemon: InProcessDaemon) -> None:
     repo = repo_in(daemon.home)
     st = daemon.call("memory.status", {"cwd": str(repo)})
     project = Path(st["roots"]["project"])
@@ -61,7 +69,7 @@ def test_layout_and_scaffold(daemon: SpawnedDaemon) -> None:
     assert {p: p.stat().st_mtime_ns for p in project.parent.rglob("*") if p.is_file()} == before
 
 
-def _seed(d: SpawnedDaemon, repo: Path) -> tuple[Path, Path, Path]:
+def _seed(d: SpawnedDaemon | InProcessDaemon, repo: Path) -> tuple[Path, Path, Path]:
     st = d.call("memory.status", {"cwd": str(repo)})
     project = Path(st["roots"]["project"])
     user = Path(st["roots"]["user"])
@@ -77,7 +85,7 @@ def _seed(d: SpawnedDaemon, repo: Path) -> tuple[Path, Path, Path]:
     return a, b, c
 
 
-def test_lexical_recall_without_a_model(daemon: SpawnedDaemon) -> None:
+def test_lexical_recall_without_a_model(daemon: InProcessDaemon) -> None:
     repo = repo_in(daemon.home)
     a, b, _ = _seed(daemon, repo)
     r = daemon.call("memory.recall", {"cwd": str(repo), "query": "when is the release freeze?"})
@@ -88,7 +96,7 @@ def test_lexical_recall_without_a_model(daemon: SpawnedDaemon) -> None:
     assert listed[str(a)]["hits"] == 1 and listed[str(b)]["scope"] == "user"
 
 
-def test_chinese_recall(daemon: SpawnedDaemon) -> None:
+def test_chinese_recall(daemon: InProcessDaemon) -> None:
     repo = repo_in(daemon.home)
     st = daemon.call("memory.status", {"cwd": str(repo)})
     zh = remember(Path(st["roots"]["project"]), "project", "deploy", "部署流程",
@@ -204,7 +212,7 @@ def test_team_secret_guard_and_symlink_decoy(spawn) -> None:  # type: ignore[no-
     assert private["allowed"] is True and private["rules"] == []
 
 
-def test_forget_in_two_steps(daemon: SpawnedDaemon) -> None:
+def test_forget_in_two_steps(daemon: InProcessDaemon) -> None:
     repo = repo_in(daemon.home)
     a, b, c = _seed(daemon, repo)
     project = a.parent.parent
@@ -223,7 +231,7 @@ def test_forget_in_two_steps(daemon: SpawnedDaemon) -> None:
     assert index.exists()
 
 
-def test_memory_section_in_the_system_prompt(daemon: SpawnedDaemon) -> None:
+def test_memory_section_in_the_system_prompt(daemon: InProcessDaemon) -> None:
     repo = repo_in(daemon.home)
     text = daemon.call("prompt.system", {"cwd": str(repo)})["text"]
     assert "# auto memory" in text and "MEMORY.md" in text

@@ -1,5 +1,5 @@
 """One method table (qwenctxd/protocol/methods.py) for dispatch, ``rpc.discover`` and the
-typed client: what a spawned daemon serves is exactly the table, its OpenRPC result schemas
+typed client: what the daemon's dispatcher serves is exactly the table, its OpenRPC result schemas
 are the table's result types, and the server refuses to serve a method the table lacks."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 
 from qwenctxd.protocol import methods
 from qwenctxd.protocol.daemon import Empty
-from qwenctxd.testing.spawn import SpawnedDaemon
+from qwenctxd.testing.inprocess import InProcessDaemon
 
 with warnings.catch_warnings():  # jsonrpcserver reads its schema with a deprecated call
     warnings.simplefilter("ignore", DeprecationWarning)
@@ -26,23 +26,29 @@ async def _handler(ctx: Any, p: Any) -> str:
     return "pong"
 
 
-def served(d: SpawnedDaemon) -> dict[str, Any]:
+def served(d: InProcessDaemon) -> dict[str, Any]:
     return {m["name"]: m for m in d.call("rpc.discover")["methods"]}
 
 
-def test_served_methods_are_exactly_the_table(daemon: SpawnedDaemon) -> None:
+@pytest.fixture
+def daemon(inprocess_daemon: InProcessDaemon) -> InProcessDaemon:
+    """This module's handler tests need no process: they run on the in-process daemon."""
+    return inprocess_daemon
+
+
+def test_served_methods_are_exactly_the_table(daemon: InProcessDaemon) -> None:
     assert set(served(daemon)) == set(methods.METHODS)
     hello = daemon.call("daemon.hello")
     assert {c for c in hello["capabilities"] if "." in c or c.startswith("$/")} - {
         "framing.ndjson", "framing.lsp"} == set(methods.METHODS)
 
 
-def test_debug_methods_come_from_the_table_too(spawn) -> None:  # type: ignore[no-untyped-def]
-    d = spawn(env={"QWENCTXD_DEBUG_METHODS": "1"}).start()
-    assert set(served(d)) == set(methods.METHODS) | set(methods.DEBUG_METHODS)
+def test_debug_methods_come_from_the_table_too() -> None:
+    with InProcessDaemon(env={"QWENCTXD_DEBUG_METHODS": "1"}) as d:
+        assert set(served(d)) == set(methods.METHODS) | set(methods.DEBUG_METHODS)
 
 
-def test_discover_result_schemas_are_the_table_result_types(daemon: SpawnedDaemon) -> None:
+def test_discover_result_schemas_are_the_table_result_types(daemon: InProcessDaemon) -> None:
     doc = daemon.call("rpc.discover")
     by_name = {m["name"]: m for m in doc["methods"]}
     entries = sorted(methods.METHODS.values(), key=lambda m: m.name)

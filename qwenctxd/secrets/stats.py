@@ -24,6 +24,11 @@ class Counters:
             with self._lock:
                 setattr(self, name, getattr(self, name) + n)
 
+    def reset(self) -> None:
+        """Back to zero (a daemon run in-process starts with a fresh process's numbers)."""
+        with self._lock:
+            self.redacted_writes = self.redacted_out = self.refused = 0
+
     def snapshot(self) -> dict[str, int]:
         with self._lock:
             return {"redacted_writes": self.redacted_writes, "redacted_out": self.redacted_out,
