@@ -29,7 +29,10 @@ def vm_hwm(pid: int) -> int:
 
 
 def test_pipelined_large_merges_keep_rss_and_the_file_bounded(spawn: type[SpawnedDaemon]) -> None:
-    d = spawn().start()
+    # a fresh interpreter: the peak RSS is then the daemon's own, not that of a fork of the
+    # test session's zygote (which holds every module of qwenctxd and qwenctl, the clients'
+    # SDKs among them)
+    d = spawn(fresh=True).start()
     assert d.proc is not None
     repo = d.root / "repo"
     repo.mkdir()

@@ -98,13 +98,18 @@ class EntryFolder:
     :func:`read_transcript`, resumable: ``count`` entries so far and the user message the last
     entry shows (``last_user``, OpenAI form) are all it carries, so an indexer can go on from
     where it stopped. :meth:`feed` returns the new entries and, when a mid-turn record joined
-    the last entry, that entry's new form (``replaced``)."""
+    the last entry, that entry's new form (``replaced``). ``text_cap``: an indexer that keeps
+    only the first ``text_cap`` characters of an entry says so, and a merged user message stops
+    growing there (merging every mid-turn delta into an ever longer copy would cost the square
+    of the message in memory)."""
 
     def __init__(self, count: int = 0, last_user: dict[str, Any] | None = None,
-                 last: wire.TranscriptEntry | None = None) -> None:
+                 last: wire.TranscriptEntry | None = None, *,
+                 text_cap: int | None = None) -> None:
         self.count = count
         self.last_user = last_user
         self._last = last  # the last entry so far (a resumed folder gets it from the caller)
+        self._cap = text_cap
 
     def feed(self, rec: records.ChatRecord,
              ) -> tuple[list[wire.TranscriptEntry], wire.TranscriptEntry | None]:
@@ -115,8 +120,14 @@ class EntryFolder:
         if rec.subtype == records.SUBTYPE_MID_TURN and delta is not None \
                 and self.last_user is not None and len(got) == 1 and prev is not None:
             # the merged user message as the session held it: one entry, the contents joined
+            if self._cap is not None and len(prev.text) >= self._cap:
+                return [], None  # past what the caller keeps: nothing of it changes
             self.last_user = records.merged_user(self.last_user, delta)
-            self._last = msgspec.structs.replace(prev, text=_text_of(self.last_user["content"]))
+            text = _text_of(self.last_user["content"])
+            if self._cap is not None and len(text) > self._cap:
+                text = text[:self._cap]
+                self.last_user = {**self.last_user, "content": text}
+            self._last = msgspec.structs.replace(prev, text=text)
             return [], self._last
         if got:  # records that show nothing (titles, options) leave the last entry as it is
             self.count += len(got)

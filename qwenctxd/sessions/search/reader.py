@@ -141,7 +141,8 @@ def _fold(p: Path, base: FileState | None, st: os.stat_result, offset: int,
     last_user = json.loads(base.last_user) if base is not None and base.last_user else None
     last = (wire.TranscriptEntry(kind="message", role=base.last_role, time=base.last_time)
             if base is not None and base.last_role else None)
-    folder = EntryFolder(count=base.entries if base else 0, last_user=last_user, last=last)
+    folder = EntryFolder(count=base.entries if base else 0, last_user=last_user, last=last,
+                         text_cap=MAX_TEXT_CHARS)
     up = FileUpdate(path=str(p), full=base is None, session_id=p.stem,
                     project_slug=p.parent.parent.name, cwd=base.cwd if base else None,
                     title=base.title if base else None, size=st.st_size,
