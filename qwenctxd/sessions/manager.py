@@ -13,7 +13,6 @@ import os
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -140,8 +139,8 @@ class SessionManager:
             s.replace_history(state.messages)
             self.store.resumed(s, state.messages)
             s.title = state.title
-            s.started_at = _parse_iso(state.started_at) or s.started_at
-            s.updated_at = _parse_iso(state.updated_at) or s.updated_at
+            s.started_at = records.parse_time(state.started_at) or s.started_at
+            s.updated_at = records.parse_time(state.updated_at) or s.updated_at
             if state.last_usage and state.anchor_index is not None:
                 from qwenctxd.sessions.state import Anchor
 
@@ -341,10 +340,3 @@ def _agent(v: Any) -> dict[str, Any] | None:
     return dict(v) if isinstance(v, dict) and isinstance(v.get("name"), str) else None
 
 
-def _parse_iso(value: str | None) -> float | None:
-    if not value:
-        return None
-    try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None

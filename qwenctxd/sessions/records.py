@@ -339,3 +339,13 @@ def scan_summary(path: str | os.PathLike[str]) -> SessionSummary:
         size=st.st_size,
         mtime_ns=st.st_mtime_ns,
     )
+
+
+def parse_time(value: str | None) -> float | None:
+    """A record's ISO-8601 ``timestamp`` as a Unix time (None when absent or unreadable)."""
+    if not value:
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None

@@ -16,7 +16,6 @@ import json
 import os
 import re
 import stat
-from datetime import datetime
 from pathlib import Path
 from typing import BinaryIO
 
@@ -74,13 +73,6 @@ def chats_dirs(root: Path) -> list[Path]:
         return []
 
 
-def _timestamp(value: str | None) -> float | None:
-    if not value:
-        return None
-    try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
 
 
 def _display(entry: wire.TranscriptEntry) -> str:
@@ -101,7 +93,7 @@ def _row(index: int, entry: wire.TranscriptEntry) -> EntryRow | None:
     text = _display(entry)
     if not text.strip():
         return None
-    return EntryRow(index, entry.role, _timestamp(entry.time), entry.time, text, fts_text(text))
+    return EntryRow(index, entry.role, records.parse_time(entry.time), entry.time, text, fts_text(text))
 
 
 def _starts_fresh(fh: BinaryIO, state: FileState | None, size: int) -> bool:
