@@ -63,14 +63,22 @@ def main(argv: list[str] | None = None) -> int:
         fatal("bad socket path", message=str(exc))
         return 2
 
+    import faulthandler
+    import signal
+
     import anyio
 
+    from qwenctxd.server import exit_guard
     from qwenctxd.server.app import Daemon
 
+    # `kill -USR1 <pid>` writes every thread's stack to stderr (a daemon that seems stuck)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     daemon = Daemon(store, Path(path), activated_fd=activated_fd)
     backend_options = {"use_uvloop": True} if settings.daemon.uvloop and _has_uvloop() else {}
     try:
-        return anyio.run(daemon.run, backend="asyncio", backend_options=backend_options)
+        code = anyio.run(daemon.run, backend="asyncio", backend_options=backend_options)
+        exit_guard.leave_when_threads_linger(code)
+        return code
     except AlreadyRunning as exc:
         fatal("already running", pid=exc.pid, message=str(exc))
         return 1

@@ -6,6 +6,7 @@ import os
 import sqlite3
 from pathlib import Path
 
+import anyio
 import pytest
 
 from qwenctxd.paths import project_slug
@@ -204,3 +205,19 @@ async def test_closed_index_refuses(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError):
         await idx.list()
     await idx.close()  # closing an unopened index is fine
+
+
+@pytest.mark.asyncio
+async def test_a_closed_index_is_never_reopened(tmp_path: Path) -> None:
+    """close() is final: an open() that starts after it (a loader late in shutdown) raises
+    instead of leaving a connection, whose worker thread would keep the daemon alive."""
+    idx = SessionIndex(tmp_path / "s.sqlite")
+    await idx.open()
+    await idx.close()
+    with pytest.raises(anyio.ClosedResourceError):
+        await idx.open()
+    late = SessionIndex(tmp_path / "t.sqlite")
+    await late.close()
+    with pytest.raises(anyio.ClosedResourceError):
+        await late.open()
+    assert not (tmp_path / "t.sqlite").exists()

@@ -57,6 +57,39 @@ def test_cancelled_waiter_does_not_cancel_the_load() -> None:
     anyio.run(main)
 
 
+def test_a_load_scheduled_before_aclose_never_begins_and_later_ones_are_refused() -> None:
+    """Shutdown closes the loads while one is only scheduled: it must not begin afterwards
+    (a memory load opens a database connection whose thread would keep the process alive)."""
+    async def main() -> None:
+        tasks = TaskRegistry()
+        loads: SharedLoads[str, int] = SharedLoads(tasks, "t")
+        runs = 0
+
+        async def load() -> int:
+            nonlocal runs
+            runs += 1
+            return 1
+
+        async with anyio.create_task_group() as tg:
+            tasks.attach(tg)
+            with anyio.move_on_after(0):  # schedules the load's task, leaves before it runs
+                await loads.get("k", load)
+            await loads.aclose()
+            for _ in range(5):
+                await anyio.lowlevel.checkpoint()  # let the scheduled task run
+            assert runs == 0 and loads.peek("k") is None
+            try:
+                await loads.get("other", load)
+            except anyio.ClosedResourceError as exc:
+                assert "closed" in str(exc)
+            else:
+                raise AssertionError("a load after aclose() was not refused")
+            assert runs == 0
+            tg.cancel_scope.cancel()
+
+    anyio.run(main)
+
+
 def test_failure_is_not_cached_and_invalidate_blocks_an_older_publish() -> None:
     async def main() -> None:
         tasks = TaskRegistry()

@@ -31,6 +31,7 @@ class CacheDatabase:
         self._db: aiosqlite.Connection | None = None
         self._lock: anyio.Lock | None = None
         self._opening: anyio.Event | None = None  # set once an open() begun has finished
+        self._closed = False  # close() was called: a late open() must not leave a connection
 
     async def __aenter__(self) -> Any:
         await self.open()
@@ -43,7 +44,11 @@ class CacheDatabase:
         """Open (rebuilding a corrupt file). Not cancellable once begun: aiosqlite's worker
         thread is not a daemon thread, so a connection abandoned half-open would keep the
         process from exiting; a cancellation lands right after, with the database open (and
-        :meth:`close` waits for an open in progress)."""
+        :meth:`close` waits for an open in progress). After :meth:`close` it raises
+        :class:`anyio.ClosedResourceError`: a loader that starts late during shutdown must not
+        open a connection nobody will close."""
+        if self._closed:
+            raise anyio.ClosedResourceError(f"{self.db_path.name} is closed")
         if self._db is not None:
             return
         self._lock = anyio.Lock()
@@ -64,6 +69,7 @@ class CacheDatabase:
             opening.set()
 
     async def close(self) -> None:
+        self._closed = True
         if self._opening is not None:
             with anyio.CancelScope(shield=True):
                 await self._opening.wait()

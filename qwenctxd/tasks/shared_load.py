@@ -69,6 +69,7 @@ class SharedLoads(Generic[K, V]):
         self._slots: dict[K, _Slot[V]] = {}
         self.loads = 0  # loads that ran to the end (published or not)
         self.failures = 0
+        self._closed = False  # after aclose() no load starts (it could open what nobody closes)
 
     # -- reading ------------------------------------------------------------------------------
     def peek(self, key: K) -> V | None:
@@ -142,7 +143,10 @@ class SharedLoads(Generic[K, V]):
             self._slots.pop(key, None)
 
     async def aclose(self) -> None:
-        """Cancel the loads in flight and wait for them to end (daemon shutdown)."""
+        """Cancel the loads in flight and wait for them to end (daemon shutdown); a load
+        scheduled but not yet begun never begins, and a later one raises
+        :class:`anyio.ClosedResourceError`."""
+        self._closed = True
         with anyio.CancelScope(shield=True):
             for slot in list(self._slots.values()):
                 for attempt in list(slot.attempts):
@@ -182,6 +186,9 @@ class SharedLoads(Generic[K, V]):
             with anyio.CancelScope() as scope:
                 attempt.scope = scope
                 async with slot.lock:
+                    if self._closed:
+                        attempt.error = anyio.ClosedResourceError(f"{self._kind} loads are closed")
+                        return
                     attempt.started = True
                     attempt.epoch = slot.epoch
                     try:

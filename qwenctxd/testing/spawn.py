@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -154,8 +155,17 @@ class SpawnedDaemon:
             return c.call(method, params)
 
     def wait_exit(self, timeout: float = 15.0) -> int:
+        """The exit code; a daemon still running after ``timeout`` is a failure that shows
+        where it is stuck (SIGUSR1 makes it write every thread's stack to its log)."""
         assert self.proc is not None
-        return self.proc.wait(timeout)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.send_signal(signal.SIGUSR1)
+            time.sleep(1.0)
+            raise AssertionError(
+                f"daemon pid {self.proc.pid} still running {timeout} s after it was told to "
+                f"stop; its log ends:\n{self.log_text()[-12000:]}") from None
 
     def signal(self, sig: int) -> None:
         assert self.proc is not None
