@@ -47,7 +47,7 @@ def setup(spawn):  # type: ignore[no-untyped-def]
         until(lambda: d.call("memory.list", {"cwd": str(repo)})["docs"], what="indexing")
         # the openai import and the connection, outside the timed parts
         stub.push(Reply(content=json.dumps({"selected_memories": [str(freeze)]})))
-        d.call("memory.recall", {"cwd": str(repo), "query": "warm up the client"})
+        d.call("memory.recall", {"cwd": str(repo), "query": "release freeze warm-up"})
         yield d, stub, repo, freeze
 
 
@@ -97,7 +97,8 @@ def test_a_side_query_waits_while_the_agent_is_asking(setup) -> None:  # type: i
     r = box["result"]
     assert r["strategy"] == "model"
     assert len(_recall_requests(stub)) == before + 1
-    assert [x["status"] for x in r["tiers"]] == ["ok", "ok"]
+    assert [x["name"] for x in r["tiers"]] == ["lexical", "semantic", "selector"]
+    assert r["tiers"][0]["status"] == "ok" and r["tiers"][-1]["status"] == "ok"
 
 
 def test_an_agent_request_preempts_a_side_query_in_flight(setup) -> None:  # type: ignore[no-untyped-def]
@@ -115,7 +116,7 @@ def test_an_agent_request_preempts_a_side_query_in_flight(setup) -> None:  # typ
     assert time.monotonic() - t0 < 5  # liveness: the 20 s selector did not hold anyone
     assert "error" not in box, box
     r = box["result"]
-    assert r["fell_back"] == "preempted" and r["strategy"] == "heuristic"
+    assert r["fell_back"] == "preempted" and r["strategy"] == "heuristic", r
     assert r["docs"] and r["docs"][0]["path"] == str(freeze)  # the lexical answer stands
     assert r["tiers"][-1]["name"] == "selector" and r["tiers"][-1]["status"] == "failed"
     assert _scheduler(d)["preempted"] == 1

@@ -9,6 +9,7 @@ an existing Qwen Code settings file loads unchanged. Daemon-only keys live under
 from __future__ import annotations
 
 from typing import Annotated, Literal
+from urllib.parse import urlsplit
 
 import msgspec
 from msgspec import Meta
@@ -39,6 +40,36 @@ class ContextSettings(_Section):
     clear_context_on_idle: ClearContextOnIdle = msgspec.field(default_factory=ClearContextOnIdle)
 
 
+class EmbeddingsSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """``[memory] embeddings``: an OpenAI-compatible ``/v1/embeddings`` endpoint (``base_url``
+    and ``model``; the key read from the environment variable ``api_key_env``) or ``path``, a
+    local sentence-transformers model directory. Added beside the packaged embedders."""
+
+    base_url: str | None = None
+    model: str | None = None
+    api_key_env: str | None = None
+    path: str | None = None
+    timeout_s: PositiveFloat = 10.0
+    batch: Annotated[int, Meta(ge=1, le=2048)] = 16  # inputs per request (halved on refusal)
+    query_prefix: str = ""  # e.g. "query: " for E5-style models
+    passage_prefix: str = ""
+
+    def __post_init__(self) -> None:
+        if self.path is None and not (self.base_url and self.model):
+            raise ValueError("embeddings needs base_url and model, or path")
+        if self.path is not None and self.base_url is not None:
+            raise ValueError("embeddings takes base_url and model, or path, not both")
+        if self.base_url is not None:
+            parts = urlsplit(self.base_url)
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise ValueError("embeddings.base_url must be an http:// or https:// URL")
+
+
+class RecallSettings(_Section):
+    # the semantic tier (packaged embedders, plus [memory] embeddings when set)
+    semantic: bool = True
+
+
 class MemorySettings(_Section):
     enable_managed_auto_memory: bool = True
     enable_managed_auto_dream: bool = True
@@ -53,6 +84,8 @@ class MemorySettings(_Section):
     # whether a user turn's recall asks the model selector: "auto" = yes, unless the side-query
     # endpoint is the local server the session's own agent uses (one slot; sessions/turns.py)
     recall_selector: Literal["auto", "on", "off"] = "auto"
+    recall: RecallSettings = msgspec.field(default_factory=RecallSettings)
+    embeddings: EmbeddingsSettings | None = None
 
 
 class SkillsSettings(_Section):

@@ -14,9 +14,7 @@ or the session resolved it once): its ``anchor`` keys the project's memory, its 
 from __future__ import annotations
 
 import json
-import math
 import os
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,11 +33,13 @@ from qwenctxd.fsutil import (
 )
 from qwenctxd.memory import forget_match, render, secrets, selector, store
 from qwenctxd.memory import paths as mpaths
+from qwenctxd.memory import recall as recall_pipeline
 from qwenctxd.memory.index import rebuild_index
 from qwenctxd.memory.lexical import LexicalIndex
-from qwenctxd.memory.outbound import OUTBOUND, render_outbound
+from qwenctxd.memory.outbound import OUTBOUND
 from qwenctxd.memory.prompt import memory_section
-from qwenctxd.memory.tokenize import is_noise_query
+from qwenctxd.memory.recall import Corpus, RecallOutcome
+from qwenctxd.memory.semantic.upkeep import SemanticUpkeep
 from qwenctxd.model import ModelClient
 from qwenctxd.project import Project
 from qwenctxd.protocol import memory as wire
@@ -48,22 +48,9 @@ from qwenctxd.tasks import TaskRegistry
 from qwenctxd.watch import Watched, WatchedCache, WatchHub
 
 log = structlog.get_logger("qwenctxd.memory")
-MODEL_CANDIDATES = 200
-LEXICAL_CANDIDATES = 180
 FORGET_LIMIT = 5
 HITS_FILENAME = "recall-hits.json"
 MAX_FORGET_DELETIONS = 400
-
-
-@dataclass
-class RecallOutcome:
-    strategy: str  # "model" | "heuristic" | "none"
-    docs: list[store.MemoryDoc]
-    prompt: str
-    scores: dict[str, float] = field(default_factory=dict)
-    fell_back: str | None = None
-    #: which tiers answered, in order: {name: lexical|selector, ms, status: ok|late|failed|off}
-    tiers: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -84,6 +71,7 @@ class _Project:
     project: Project
     roots: mpaths.MemoryRoots
     lexical: LexicalIndex
+    db_dir: Path
     docs: list[store.MemoryDoc] = field(default_factory=list)
     problems: list[tuple[Path, str]] = field(default_factory=list)
     generation: int = 0
@@ -92,12 +80,14 @@ class _Project:
 class MemoryService:
     def __init__(self, hub: WatchHub, tasks: TaskRegistry, bus: EventBus,
                  *, model: Callable[[], ModelClient],
-                 environ: Mapping[str, str] | None = None) -> None:
+                 environ: Mapping[str, str] | None = None,
+                 semantic: SemanticUpkeep | None = None) -> None:
         self._hub = hub
         self._tasks = tasks
         self._bus = bus
         self._model = model
         self._environ = environ if environ is not None else os.environ
+        self._semantic = semantic  # None: no semantic tier (lexical and selector only)
         # scan + FTS index per project; a relevant change re-syncs in the background
         self._loads: WatchedCache[Path, _Project] = WatchedCache(
             hub, tasks, "memory", on_stale=lambda _key, proj: self._schedule_refresh(proj))
@@ -144,7 +134,8 @@ class MemoryService:
         lexical = LexicalIndex(db_dir / "recall.sqlite")
         await lexical.open()
         try:
-            proj = _Project(key=key, project=project, roots=roots, lexical=lexical)
+            proj = _Project(key=key, project=project, roots=roots, lexical=lexical,
+                            db_dir=db_dir)
             await anyio.to_thread.run_sync(self._load_hits, proj)
             watched = await self._resync_watched(proj)
         except BaseException:
@@ -192,6 +183,8 @@ class MemoryService:
         await proj.lexical.sync(docs)
         proj.docs, proj.problems = docs, problems
         proj.generation += 1
+        if self._tasks.accepting:
+            self._embed_soon(proj, first=False)  # only a project recall has used already
         return proj
 
     def _watch_dirs(self, proj: _Project) -> list[Path]:
@@ -218,6 +211,8 @@ class MemoryService:
         for key, proj in list(self._loads.items()):
             await proj.lexical.close()
             self._loads.forget(key)
+        if self._semantic is not None:
+            await self._semantic.aclose()
 
     # -- listing ------------------------------------------------------------------------------------
     async def list(self, project: Project, scope: str | None = None
@@ -229,77 +224,41 @@ class MemoryService:
     async def recall(self, project: Project, query: str, *, active_tools: Sequence[str] = (),
                      exclude: Sequence[str] = (), limit: int = render.MAX_RELEVANT_DOCS,
                      use_selector: bool = True, selector_timeout_s: float | None = None,
-                     on_lexical: Callable[[RecallOutcome], None] | None = None,
+                     on_fused: Callable[[RecallOutcome], None] | None = None,
                      ) -> RecallOutcome:
-        """The memories for ``query``: the lexical tier's hits, refined by the model selector
-        when one is configured and ``use_selector`` is on.
-
-        Never worse with a model than without: ``on_lexical`` is handed the lexical answer as
-        soon as it exists (a turn that cannot wait for the selector delivers it), and a selector
-        that fails, answers nothing or misses ``selector_timeout_s`` leaves the lexical answer
-        standing (``tiers`` says which happened)."""
+        """The memories for ``query`` (:func:`qwenctxd.memory.recall.recall`: lexical and
+        semantic tiers fused, refined by the model selector when one is configured and
+        ``use_selector`` is on). Never worse with a model than without: ``on_fused`` is handed
+        the answer without the selector as soon as it exists, and a selector that fails,
+        answers nothing or misses ``selector_timeout_s`` leaves that answer standing."""
         proj = await self.load(project)
-        if not query.strip() or not proj.docs or is_noise_query(query):
-            # nothing to match on (noise such as one CJK character): no recall at all
-            return RecallOutcome(strategy="none", docs=[], prompt="")
-        by_path = {str(d.path): d for d in proj.docs}
-        excluded = set(exclude)
-        aliases = render.tool_aliases(active_tools)
-        started = time.monotonic()
-        hits = await proj.lexical.search(query, limit=LEXICAL_CANDIDATES, exclude=list(excluded))
-        scores = {h.path: h.score for h in hits}
-        tiers: list[dict[str, Any]] = [{"name": "lexical", "status": "ok",
-                                        "ms": round((time.monotonic() - started) * 1000, 2)}]
-        lexical = [d for d in (by_path[h.path] for h in hits if h.path in by_path)
-                   if not render.is_tool_noise(d, aliases)][:limit]
-        outcome = self._outcome("heuristic", lexical, scores, None, tiers)
-        if on_lexical is not None:
-            on_lexical(outcome)
-        model = self._model()
-        if not model.configured or not use_selector:
-            tiers.append({"name": "selector", "status": "off", "ms": 0.0})
-            return self._counted(proj, outcome)
-        ranked = [by_path[h.path] for h in hits if h.path in by_path]
-        seen = {str(d.path) for d in ranked}
-        recent = sorted((d for d in proj.docs if str(d.path) not in seen
-                         and str(d.path) not in excluded), key=lambda d: -d.mtime)
-        candidates = (ranked + recent)[:MODEL_CANDIDATES]
-        started = time.monotonic()
-        fell_back: str | None = None
-        picked: list[str] | None = None
-        status = "ok"
-        with anyio.move_on_after(selector_timeout_s if selector_timeout_s is not None
-                                 else math.inf) as late:
-            try:
-                picked = await selector.select_for_recall(
-                    model, query, candidates, active_tools=active_tools, limit=limit)
-            except ModelUnavailable as exc:
-                fell_back = (exc.data or {}).get("reason", "error") if isinstance(
-                    exc.data, dict) else "error"
-                status = "failed"
-        if late.cancelled_caught:
-            fell_back, status = "late", "late"
-        tiers.append({"name": "selector", "status": status,
-                      "ms": round((time.monotonic() - started) * 1000, 2)})
-        chosen = [by_path[p] for p in picked or () if p in by_path]
-        chosen = [d for d in chosen if not render.is_tool_noise(d, aliases)][:limit]
-        if picked is not None and not chosen:
-            fell_back = "model_selected_nothing"  # the lexical tier answers
-        if not chosen:
-            log.info("recall fell back to lexical", reason=fell_back)
-            outcome.fell_back = fell_back
-            return self._counted(proj, outcome)
-        return self._counted(proj, self._outcome("model", chosen, scores, None, tiers))
+        semantic_on = self._semantic is not None and project.settings.memory.recall.semantic
+        if semantic_on:
+            self._embed_soon(proj)
+        corpus = Corpus(key=proj.key, docs=proj.docs, lexical=proj.lexical,
+                        generation=proj.generation, semantic_on=semantic_on)
+        outcome = await recall_pipeline.recall(
+            corpus, query, model=self._model(), semantic=self._semantic,
+            active_tools=active_tools, exclude=exclude, limit=limit,
+            use_selector=use_selector, selector_timeout_s=selector_timeout_s,
+            on_fused=on_fused)
+        return self._counted(proj, outcome)
 
-    @staticmethod
-    def _outcome(strategy: str, docs: list[store.MemoryDoc], scores: dict[str, float],
-                 fell_back: str | None, tiers: list[dict[str, Any]]) -> RecallOutcome:
-        if not docs:
-            return RecallOutcome(strategy="none" if strategy == "heuristic" else strategy,
-                                 docs=[], prompt="", scores=scores, fell_back=fell_back,
-                                 tiers=tiers)
-        return RecallOutcome(strategy=strategy, docs=docs, prompt=render_outbound(docs),
-                             scores=scores, fell_back=fell_back, tiers=tiers)
+    def _embed_soon(self, proj: _Project, *, first: bool = True) -> None:
+        """Bring the project's vectors in step with its documents (a background job). The
+        first sync is a recall's (``first``): a project nobody recalls from starts no worker."""
+        if self._semantic is None or not proj.project.settings.memory.recall.semantic:
+            return
+        if not first and not self._semantic.has(proj.key):
+            return
+        if not proj.docs and not self._semantic.has(proj.key):
+            return
+        self._semantic.request_sync(
+            proj.key, proj.db_dir, proj.project.settings.memory.embeddings,
+            lambda: (proj.docs, proj.generation))
+
+    def semantic_status(self) -> dict[str, Any] | None:
+        return self._semantic.status() if self._semantic is not None else None
 
     def _counted(self, proj: _Project, outcome: RecallOutcome) -> RecallOutcome:
         for d in outcome.docs:

@@ -129,6 +129,9 @@ class StatusResult(msgspec.Struct, kw_only=True):
     secrets: dict[str, int] = msgspec.field(default_factory=dict)
     # session search: files and entries indexed, files pending, torn lines and junk files skipped
     search: dict[str, int] = msgspec.field(default_factory=dict)
+    # memory.embedder {model, source, vectors, built_at}: the embedder recall ranks with first;
+    # memory.embedders: every one; memory.worker: the embedding worker process
+    memory: dict[str, Any] = msgspec.field(default_factory=dict)
 
 
 class CancelParams(msgspec.Struct, kw_only=True):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -35,6 +35,17 @@ class RecallParams(Params):
     cwd: str
     query: str
     active_tools: list[str] | None = None
+    limit: Annotated[int, msgspec.Meta(ge=1, le=20)] = 5  # documents returned (top-k)
+
+
+class RecallWhy(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """Where a recalled document stood in each tier (``qwenctl memory recall --explain``)."""
+
+    final_rank: int
+    lexical_rank: int | None = None
+    semantic: float | None = None  # the best cosine over the embedders
+    semantic_ranks: dict[str, int] | None = None  # embedder -> rank
+    selector_rank: int | None = None  # its place in the selector's answer
 
 
 class RecalledDoc(msgspec.Struct, kw_only=True):
@@ -43,12 +54,15 @@ class RecalledDoc(msgspec.Struct, kw_only=True):
     type: str
     name: str
     score: float | None = None
+    why: RecallWhy | None = None
 
 
-class RecallTier(msgspec.Struct, kw_only=True):
+class RecallTier(msgspec.Struct, kw_only=True, omit_defaults=True):
     name: str  # lexical | semantic | selector
     ms: float
     status: Literal["ok", "late", "failed", "off"]
+    detail: str | None = None  # why a tier is late, failed or off
+    models: list[str] | None = None  # the semantic tier: the embedders that answered
 
 
 class RecallResult(msgspec.Struct, kw_only=True):

@@ -33,6 +33,7 @@ from qwenctxd.agents.speculation import SpeculationManager
 from qwenctxd.config import ConfigStore
 from qwenctxd.events import EventBus
 from qwenctxd.instructions.service import InstructionsService
+from qwenctxd.memory.semantic.upkeep import SemanticUpkeep
 from qwenctxd.memory.service import MemoryService
 from qwenctxd.model import ModelClient
 from qwenctxd.model.scheduler import EndpointScheduler
@@ -96,7 +97,7 @@ def build_services(config: ConfigStore, *, state: Path, bump: Callable[[str], No
     instructions = InstructionsService(
         hub, tasks, projects=projects, on_rebuild=lambda: bump("instructions_rebuilds"),
         memory_section=memory_section, memory_stamp=memory_stamp)
-    memory = MemoryService(hub, tasks, bus, model=the_model)
+    memory = MemoryService(hub, tasks, bus, model=the_model, semantic=SemanticUpkeep(tasks))
     skills = SkillsService(hub, tasks, bus, on_refresh=lambda: bump("skills_refreshes"))
     audit = AuditLog(state)
     extractor = Extractor(memory, audit, tasks, the_model)

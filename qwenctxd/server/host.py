@@ -336,6 +336,7 @@ class ServiceHost:
             counters=dict(self.counters),
             log=wire.LogStatus(**daemon_logging.stats()),
             secrets=secret_counters.snapshot(),
+            memory=self.services.memory.semantic_status() or {},
         )
         for contribute in self.status_contributors:
             contribute(st)

