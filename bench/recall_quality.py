@@ -3,7 +3,7 @@
 The set (see its README): 311 hand-written memories across three projects (harbor — a Go
 order/payments monorepo, lumen — a React/TS retail dashboard built in Tokyo, ferrite — an
 open-source Rust CLI) and the user scope, in English, Chinese and Japanese, with near-neighbour
-distractors; 117 queries (en / zh / ja / mixed), 62 of them paraphrases sharing no content word
+distractors; 148 queries (en / zh / ja / mixed), 71 of them paraphrases sharing no content word
 with their relevant memories, each tagged ``tune`` or ``heldout``.
 
 :func:`evaluate` scores any ranking function — ``rank(query) -> [memory id, ...]`` (best
