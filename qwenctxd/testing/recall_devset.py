@@ -52,7 +52,7 @@ Lang = Literal["en", "zh", "ja", "mixed"]
 
 _KANA = re.compile("[\u3041-\u30ff]")
 _HAN = re.compile("[\u4e00-\u9fff]")
-_HIRAGANA = re.compile("[\u3041-\u309f]")
+_HIRAGANA_ONLY = re.compile("[\u3041-\u309f]+")
 
 # Words that carry no topic in a query (on top of the lexical tier's own stop words). Kept
 # short on purpose: everything else counts as content.
@@ -68,12 +68,12 @@ EXTRA_STOP_WORDS = frozenset(
 
 
 def is_stop(token: str) -> bool:
-    """A token that is not a content word: a stop word, or a Japanese bigram with a hiragana
-    character in it (particles and inflections: ``して`` ``の設`` ``ます``) — Japanese content
-    words are carried by kanji and katakana bigrams."""
+    """A token that is not a content word: a stop word, or a bigram of hiragana only
+    (particles and inflections: ``して`` ``ます`` ``には``) — Japanese content words are
+    carried by kanji and katakana, so ``の色`` or ``消え`` still count as content."""
     if token in STOP_WORDS or token in EXTRA_STOP_WORDS:
         return True
-    return len(token) <= 2 and bool(_HIRAGANA.search(token))
+    return len(token) <= 2 and bool(_HIRAGANA_ONLY.fullmatch(token))
 
 
 def content_tokens(text: str) -> set[str]:
