@@ -56,7 +56,8 @@ async def tier_lists(devset: DevSet, layout: Layout, queries: list[Query] | None
                     if q.project != project:
                         continue
                     hits = await lex.search(q.query, limit=recall_pipeline.LEXICAL_CANDIDATES)
-                    ranked = await sem.rank(q.query, limit=recall_pipeline.SEMANTIC_CANDIDATES)
+                    ranked, _ = await sem.rank(q.query,
+                                               limit=recall_pipeline.SEMANTIC_CANDIDATES)
                     out[q.id] = Lists([(h.path, h.score) for h in hits], ranked)
     finally:
         await process.aclose()

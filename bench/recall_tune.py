@@ -19,7 +19,7 @@ from bench.recall_quality import evaluate
 from bench.recall_tiers import Lists, tier_lists
 from qwenctxd.memory import fusion
 from qwenctxd.memory import recall as recall_pipeline
-from qwenctxd.testing.recall_devset import PROJECTS, Lang, Query, load, materialize_layout
+from qwenctxd.testing.recall_devset import PROJECTS, Query, load, materialize_layout
 
 NEGATIVES = [
     ("xylophone", "en"), ("what's the weather in Paris tomorrow", "en"),

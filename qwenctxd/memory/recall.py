@@ -130,10 +130,10 @@ async def recall(corpus: Corpus, query: str, *, model: ModelClient,
         ranked = {k: [(p, c) for p, c in v if p in by_path] for k, v in ranked.items()}
         keep = admitted(ranked, {p for p, _ in lexical})
         ranked = {k: [(p, c) for p, c in v if p in keep] for k, v in ranked.items()}
-        status = "ok" if ranked and problem is None else (
-            "late" if problem in ("building", "late", "not_built") else "failed")
-        if ranked and problem == "building":
-            status = "ok"  # vectors of an earlier generation answered; the rest is on its way
+        if ranked:  # vectors answered (an earlier generation's, or not every embedder's)
+            status = "ok"
+        else:
+            status = "late" if problem in ("building", "late", "not_built") else "failed"
         tier: dict[str, Any] = {"name": "semantic", "status": status, "ms": _ms(started)}
         if problem:
             tier["detail"] = problem

@@ -133,6 +133,12 @@ class ScriptedOpenAI:
         self.context_window = context_window
         #: answer ``GET /props`` with ``default_generation_settings.n_ctx`` as llama.cpp does
         self.props = props
+        #: ``POST /v1/embeddings``: texts -> vectors (None: the route answers 404, as a chat-only
+        #: server does); ``max_inputs`` rejects larger batches with HTTP 400 as DashScope does;
+        #: ``embeddings_down`` answers 503 (an outage)
+        self.embed: Callable[[list[str]], list[list[float]]] | None = None
+        self.max_inputs: int | None = None
+        self.embeddings_down = False
         self._rejected: list[tuple[dict[str, Any], list[str]]] = []
         self._script: deque[Reply] = deque()
         self._requests: list[RecordedRequest] = []
@@ -368,6 +374,9 @@ class _Handler(BaseHTTPRequestHandler):
         except ValueError:
             body = None
         self._record(body if isinstance(body, dict) else {})
+        if path in ("/v1/embeddings", "/embeddings") and self.stub.embed is not None:
+            self._answer_embeddings(body)
+            return
         if path not in ("/v1/chat/completions", "/chat/completions"):
             self._send_json(404, error_body(f"no route for POST {path}", "invalid_request_error"))
             return
@@ -393,6 +402,42 @@ class _Handler(BaseHTTPRequestHandler):
     def _record(self, body: dict[str, Any]) -> None:
         headers = {k.lower(): v for k, v in self.headers.items()}
         self.stub._record(RecordedRequest(self.command, self.path, headers, body))
+
+    # -- embeddings --------------------------------------------------------------------------
+
+    def _answer_embeddings(self, body: Any) -> None:
+        """What real servers check: a JSON object, a model, ``input`` a non-empty string or
+        list of non-empty strings, a known ``encoding_format``, the batch size."""
+        stub = self.stub
+        assert stub.embed is not None
+        if stub.embeddings_down:
+            self._send_json(503, error_body("embeddings backend unavailable", "server_error"))
+            return
+        problems: list[str] = []
+        if not isinstance(body, dict):
+            self._send_json(400, error_body("request body is not a JSON object",
+                                            "invalid_request_error"))
+            return
+        if not isinstance(body.get("model"), str) or not body["model"]:
+            problems.append("model is required")
+        inputs = body.get("input")
+        if isinstance(inputs, str):
+            inputs = [inputs]
+        if not isinstance(inputs, list) or not inputs or not all(
+                isinstance(t, str) and t for t in inputs):
+            problems.append("input must be a non-empty string or a list of non-empty strings")
+        if body.get("encoding_format", "float") not in ("float", "base64"):
+            problems.append("encoding_format must be float or base64")
+        if not problems and stub.max_inputs is not None and len(inputs) > stub.max_inputs:
+            problems.append(f"batch size {len(inputs)} exceeds the limit of {stub.max_inputs}")
+        if problems:
+            self._send_json(400, error_body("; ".join(problems), "invalid_request_error"))
+            return
+        vectors = stub.embed(list(inputs))
+        data = [{"object": "embedding", "index": i, "embedding": v}
+                for i, v in enumerate(vectors)]
+        self._send_json(200, {"object": "list", "data": data, "model": body["model"],
+                              "usage": {"prompt_tokens": 0, "total_tokens": 0}})
 
     # -- chat --------------------------------------------------------------------------------
 

@@ -76,6 +76,11 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     rc.add_argument("query", nargs="+", metavar="QUERY", help="the text to recall for")
     rc.add_argument("--show-prompt", action="store_true",
                     help="also print the memory block the model would receive")
+    rc.add_argument("--explain", action="store_true",
+                    help="per memory: its lexical rank, semantic similarity, selector rank "
+                         "and final rank; per tier: its status and time")
+    rc.add_argument("--limit", type=int, default=None, metavar="N",
+                    help="how many memories to recall (1-20; default 5)")
     rc.add_argument("--tool", dest="tools", action="append", metavar="NAME",
                     help="an active tool name (repeatable): memories about its usage are "
                          "left out, as in a session")
@@ -181,12 +186,16 @@ def cmd_recall(ctx: Ctx) -> int:
         return _fail(ctx, "the query is empty", EXIT_USAGE)
     params = mwire.RecallParams(cwd=cwd, query=query,
                                 active_tools=list(ctx.args.tools) if ctx.args.tools else None)
+    if ctx.args.limit is not None:
+        if not 1 <= ctx.args.limit <= 20:
+            return _fail(ctx, "--limit must be between 1 and 20", EXIT_USAGE)
+        params.limit = ctx.args.limit
     res = ctx.request(methods.MEMORY_RECALL, params)
     if ctx.args.json:
         emit_json(res)
     else:
         render_memory.memory_recall_report(res, home=home_dir(), show_prompt=ctx.args.show_prompt,
-                                    stream=sys.stdout)
+                                           explain=ctx.args.explain, stream=sys.stdout)
     return EXIT_OK
 
 

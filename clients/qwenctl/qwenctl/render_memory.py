@@ -53,16 +53,33 @@ def memory_list_report(res: ListResult, *, cwd: str, scope: str | None,
 
 
 def memory_recall_report(res: RecallResult, *, home: str | None, show_prompt: bool = False,
-                         stream: TextIO | None = None) -> None:
+                         explain: bool = False, stream: TextIO | None = None) -> None:
     """The ``memory.recall`` result: the strategy (and why it fell back), the recalled
-    documents with their lexical scores, and with ``show_prompt`` the rendered block."""
+    documents with their lexical scores, with ``explain`` each tier's status and time and each
+    document's rank in every tier, and with ``show_prompt`` the rendered block."""
     out = stream or sys.stdout
     line = f"strategy: {res.strategy}"
     if res.fell_back:
         line += f" (fell back: {res.fell_back})"
     _line(out, line)
+    if explain:
+        for t in res.tiers:
+            extra = f" ({t.detail})" if t.detail else ""
+            models = f" [{', '.join(t.models)}]" if t.models else ""
+            _line(out, f"tier {t.name}: {t.status}{models} {t.ms:.1f} ms{extra}")
     docs = res.docs
-    if docs:
+    if docs and explain:
+        rows = []
+        for n, d in enumerate(docs, 1):
+            w = d.why
+            rows.append((str(n), _opt(w.lexical_rank if w else None),
+                         "-" if w is None or w.semantic is None else f"{w.semantic:.3f}",
+                         _opt(w.selector_rank if w else None), d.scope, d.name,
+                         short_path(d.path, None, home)))
+        table_fold_to(out, f"recalled: {len(docs)}", rows,
+                      ("final", "lexical", "similarity", "selector", "scope", "name", "path"),
+                      right=(0, 1, 2, 3), nowrap=(0, 1, 2, 3, 4), fold=(6,))
+    elif docs:
         rows = [(str(n), d.scope, d.type, d.name, "-" if d.score is None else f"{d.score:.3f}",
                  short_path(d.path, None, home)) for n, d in enumerate(docs, 1)]
         table_fold_to(out, f"recalled: {len(docs)}", rows,
@@ -76,6 +93,10 @@ def memory_recall_report(res: RecallResult, *, home: str | None, show_prompt: bo
             out.write("\n" + prompt + ("" if prompt.endswith("\n") else "\n"))
         else:
             _line(out, "prompt: (empty)")
+
+
+def _opt(value: int | None) -> str:
+    return "-" if value is None else str(value)
 
 
 def memory_candidates(candidates: list[Candidate], *, query: str, home: str | None,

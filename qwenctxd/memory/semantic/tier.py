@@ -156,17 +156,23 @@ class SemanticIndex:
         return _Matrix(model, paths, matrix, np.asarray(starts, dtype=np.int64))
 
     async def rank(self, query: str, *, limit: int, exclude: set[str] | None = None
-                   ) -> dict[str, list[tuple[str, float]]]:
-        """Per embedder with vectors: (path, cosine) best first, at most ``limit``."""
+                   ) -> tuple[dict[str, list[tuple[str, float]]], dict[str, str]]:
+        """Per embedder with vectors: (path, cosine) best first, at most ``limit``; and per
+        embedder that failed to embed the query, why (the others still answer)."""
         import numpy as np
 
         out: dict[str, list[tuple[str, float]]] = {}
+        failed: dict[str, str] = {}
         text = " ".join(OUTBOUND.text(query, escape=False).split())
         for emb in self.embedders:
             m = self._matrices.get(emb.key)
             if m is None or not m.paths:
                 continue
-            q = (await emb.embed([text], query=True))[0]
+            try:
+                q = (await emb.embed([text], query=True))[0]
+            except EmbedderUnavailable as exc:
+                failed[emb.key] = str(exc)
+                continue
             sims = np.maximum.reduceat(m.matrix @ q, m.starts)
             n = min(len(sims), limit + len(exclude or ()))
             top = np.argpartition(-sims, n - 1)[:n] if n < len(sims) else np.arange(len(sims))
@@ -174,4 +180,4 @@ class SemanticIndex:
             if exclude:
                 ranked = [r for r in ranked if r[0] not in exclude]
             out[emb.key] = ranked[:limit]
-        return out
+        return out, failed

@@ -20,7 +20,7 @@ import anyio
 import structlog
 
 from qwenctxd.memory.semantic import embedders as embedder_set
-from qwenctxd.memory.semantic.process import EmbedderProcess, EmbedderUnavailable
+from qwenctxd.memory.semantic.process import EmbedderProcess
 from qwenctxd.memory.semantic.tier import Doc, SemanticIndex
 from qwenctxd.memory.semantic.vectors import VectorCache
 from qwenctxd.tasks import TaskRegistry
@@ -120,14 +120,15 @@ class SemanticUpkeep:
         reason = None if s.index.current(generation) else "building"
         try:
             with anyio.fail_after(max(wait_s, 0.5)):
-                ranked = await s.index.rank(query, limit=limit, exclude=exclude)
+                ranked, failed = await s.index.rank(query, limit=limit, exclude=exclude)
         except TimeoutError:
             return {}, "late"
-        except EmbedderUnavailable as exc:
-            return {}, f"failed: {exc}"
+        if failed:
+            reason = "; ".join(f"{k} failed: {v}" for k, v in sorted(failed.items()))
         if not ranked:
             errors = [st.error for st in s.index.states.values() if st.error]
-            return {}, (f"failed: {errors[0]}" if errors else reason or "not_built")
+            return {}, (reason if failed else f"failed: {errors[0]}" if errors
+                        else reason or "not_built")
         return ranked, reason
 
     def status(self) -> dict[str, Any]:
