@@ -137,7 +137,8 @@ def test_edited_memory_vectors_refresh_and_a_removed_one_is_gone(spawn) -> None:
     espresso = seeded(d, cwd)
     assert recall_when_ready(d, cwd, PARAPHRASE)["docs"][0]["path"] == str(espresso)
     vectors = d.call("daemon.status")["memory"]["embedder"]["vectors"]
-    espresso.write_text("---\nname: %s\ndescription: %s\ntype: project\n---\n%s\n" % FREEZE)
+    name, description, body = FREEZE
+    espresso.write_text(f"---\nname: {name}\ndescription: {description}\ntype: project\n---\n{body}\n")
 
     def refreshed() -> bool:
         r = recall(d, cwd, FREEZE_ZH)
