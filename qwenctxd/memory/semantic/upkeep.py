@@ -52,7 +52,7 @@ class SemanticUpkeep:
         self.last_sync_at: float | None = None
 
     def _embedders_for(self, config: Any) -> list[Any]:
-        key = config  # msgspec structs hash by value (frozen fields) — fall back to repr
+        key = config  # an unhashable settings struct is keyed by its repr
         try:
             hash(key)
         except TypeError:

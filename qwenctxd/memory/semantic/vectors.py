@@ -88,15 +88,6 @@ class VectorCache(CacheDatabase):
         rows = await db.execute_fetchall("SELECT built_at FROM models WHERE model = ?", (model,))
         return float(rows[0][0]) if rows else None
 
-    async def count(self, model: str | None = None) -> int:
-        db = self._conn()
-        if model is None:
-            rows = await db.execute_fetchall("SELECT count(*) FROM vectors")
-        else:
-            rows = await db.execute_fetchall("SELECT count(*) FROM vectors WHERE model = ?",
-                                             (model,))
-        return int(rows[0][0])
-
     def _conn(self):  # type: ignore[no-untyped-def]
         if self._db is None:
             raise RuntimeError("VectorCache is not open")
