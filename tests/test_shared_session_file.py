@@ -147,3 +147,46 @@ def test_session_open_warns_when_qwen_code_holds_it(daemon: SpawnedDaemon, tmp_p
     third = daemon.call("session.open", {"cwd": str(cwd), "model": "m", "session_id": sid, "resume": True})
     assert not any("running Qwen Code" in w for w in third.get("warnings", []))
     assert reg.exists()  # never deleted: the directory is Qwen Code's
+
+
+# -- the race the checks cannot close: a record begun between our last look and our write ----
+def _foreign(tag: str, i: int, size: int = 4000) -> bytes:
+    return (json.dumps({"uuid": f"{tag}-{i}", "parentUuid": None, "sessionId": "s",
+                        "timestamp": "2026-12-02T00:00:00.000Z", "type": "user",
+                        "message": {"role": "user", "parts": [{"text": "f" * size}]}}) + "\n").encode()
+
+
+def test_an_interleaved_line_is_moved_after_the_record_it_landed_in(tmp_path: Path) -> None:
+    path = tmp_path / "s.jsonl"
+    rec = _foreign("node", 0)
+    ours = b'{"uuid":"ours","type":"user"}\n'
+    path.write_bytes(_foreign("node", -1) + rec[:1000] + ours)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        start = len(_foreign("node", -1)) + 1000
+        torn = shared_file.Interleave(start, start + len(ours))
+        assert shared_file.mend_interleave(path, fd, torn, time.monotonic()) == "wait"
+        with path.open("ab") as fh:
+            fh.write(rec[1000:])
+        assert shared_file.mend_interleave(path, fd, torn, time.monotonic()) == "mended"
+    finally:
+        os.close(fd)
+    lines = path.read_bytes().splitlines(keepends=True)
+    assert lines == [_foreign("node", -1), rec, ours]
+    assert torn.ours_end == path.stat().st_size
+
+
+def test_an_interleave_whose_record_never_ends_is_left_with_our_lines_intact(tmp_path: Path) -> None:
+    path = tmp_path / "s.jsonl"
+    ours = b'{"uuid":"ours","type":"user"}\n'
+    path.write_bytes(b'{"uuid":"dead","mess' + ours)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        torn = shared_file.Interleave(20, 20 + len(ours))
+        t0 = time.monotonic()
+        assert shared_file.mend_interleave(path, fd, torn, t0) == "wait"
+        assert shared_file.mend_interleave(path, fd, torn, t0 + shared_file.STALE_TAIL_S) == "gave_up"
+    finally:
+        os.close(fd)
+    assert path.read_bytes().endswith(ours)
+

@@ -6,7 +6,9 @@ crash is closed with ``"\\n"`` before the next append, so the torn line stays is
 skip it. The file may be shared with a running Qwen Code: a record is appended only when
 ``sessions.shared_file.append_state`` says no other writer is mid-record; until then it waits in
 the writer's queue (written in the background on the event loop, or at
-:meth:`JsonlWriter.close`), never dropped and never written into another's line. The writer is
+:meth:`JsonlWriter.close`), never dropped and never written into another's line (should another writer start a record in the
+microseconds between the last look and the write, the lines are put back in order in place once
+its record is complete: ``shared_file.mend_interleave``). The writer is
 handed OpenAI messages and turns them into Gemini Contents (``sessions.gemini_format``). The
 record types and the reading side live in ``sessions.records``.
 """
@@ -103,6 +105,9 @@ class JsonlWriter:
             self._expected = size
             self._drainer: Any = None
             self.deferred_appends = 0
+            self._torn: shared_file.Interleave | None = None  # our lines inside another's record
+            self.interleaves_mended = 0
+            self.interleaves_left = 0
             if size and os.pread(self._fd, 1, size - 1) != b"\n":
                 self._write(b"\n")  # close a torn tail so the next record starts a fresh line
                 self._expected = size + 1
@@ -159,10 +164,15 @@ class JsonlWriter:
         return len(self._queue)
 
     def _flush_queue(self, *, force: bool = False) -> bool:
-        """Write the queued lines if the file is safe to append to; True when none is left."""
+        """Write the queued lines if the file is safe to append to; True when nothing is left
+        to do (none queued, no interleave left to mend)."""
         fd = self._fd
-        if fd is None or not self._queue:
+        if fd is None:
             return not self._queue
+        if self._torn is not None and not self._mend(fd, force=force):
+            return False
+        if not self._queue:
+            return True
         state = shared_file.append_state(fd, self._expected, self._watch, time.monotonic())
         if state == "wait" and not force:
             return False
@@ -179,13 +189,32 @@ class JsonlWriter:
             return False
         self._write(data)
         self._queue.clear()
-        self._expected = os.lseek(fd, 0, os.SEEK_CUR)
+        self._expected = end = os.lseek(fd, 0, os.SEEK_CUR)
+        start = end - len(data)
+        if not lead and start > 0 and os.pread(fd, 1, start - 1) != b"\n":
+            # another writer began a record between the last look and the write
+            self._torn = shared_file.Interleave(start, end)
         self._dirty = True
         if self.fsync_policy == "always":
             self.sync()
         elif self.fsync_policy == "interval":
             if time.monotonic() - self._last_sync >= self.fsync_interval:
                 self.sync()
+        return self._torn is None or self._mend(fd, force=force)
+
+    def _mend(self, fd: int, *, force: bool) -> bool:
+        """Try to put our lines after the record they landed in; True when no longer pending."""
+        assert self._torn is not None
+        state = shared_file.mend_interleave(self.path, fd, self._torn, time.monotonic())
+        if state == "wait" and not force:
+            return False
+        if state == "mended":
+            self.interleaves_mended += 1
+            self._dirty = True
+            self._expected = self._torn.ours_end  # growth past it is the other writer's: settle
+        else:
+            self.interleaves_left += 1
+        self._torn = None
         return True
 
     def _rechain(self, fd: int) -> None:
@@ -307,7 +336,7 @@ class JsonlWriter:
     def close(self, *, wait_s: float = 10.0) -> None:
         """Write what is queued (waiting up to ``wait_s`` for another writer to finish its
         record, then writing anyway: an acknowledged record is never dropped), then close."""
-        if self._fd is not None and self._queue:
+        if self._fd is not None and (self._queue or self._torn is not None):
             self._wait_and_flush(wait_s)
         if self._drainer is not None and not self._drainer.done():
             self._drainer.cancel()

@@ -10,6 +10,12 @@ the same size for :data:`SETTLE_S` (another writer's chunks of one record follow
 microseconds). A partial tail that has not changed for :data:`STALE_TAIL_S` is a dead writer's
 torn line: it is closed with ``"\\n"`` and the append proceeds.
 
+Those checks leave a window of microseconds between the last look and our ``write()``: another
+writer may start a record in it. The writer then sees that the byte before its line is not
+``"\\n"`` and :func:`mend_interleave` puts the bytes back in order once the other record is
+complete: ``head | ours | rest`` becomes ``head rest | ours`` in place — the same bytes in the same
+span, so the other writer's ``O_APPEND`` writes (always at the end) are never touched.
+
 :func:`holders` finds the running Qwen Code processes that registered a session, exactly as
 ``qwen sessions ps`` does (Qwen Code 0.24 ``services/session-registry.ts``): one JSON record per
 process under ``<qwen home>/sessions/<pid>.json`` (or ``<pid>-<8 hex>.json``) with ``pid``,
@@ -34,6 +40,8 @@ STALE_TAIL_S = 5.0  # a partial last line unchanged this long is a crashed write
 POLL_S = 0.005
 
 AppendState = Literal["ok", "wait", "stale_tail"]
+MendState = Literal["mended", "wait", "gave_up"]
+_SCAN = 1 << 20
 
 _RECORD_NAME = re.compile(r"^\d+(-[0-9a-f]{8})?\.json$")
 _MAX_RECORD_BYTES = 64 * 1024
@@ -63,6 +71,81 @@ def append_state(fd: int, expected_size: int, watch: TailWatch, now: float) -> A
     if newline:
         return "ok" if quiet >= SETTLE_S else "wait"
     return "stale_tail" if quiet >= STALE_TAIL_S else "wait"
+
+
+@dataclass
+class Interleave:
+    """Our lines ``[start, end)`` landed after another writer's partial record."""
+
+    start: int
+    end: int
+    size: int = -1
+    since: float = 0.0
+    ours_end: int = -1  # where our lines end once mended
+
+
+def _line_start(fd: int, pos: int) -> int:
+    """The offset just after the last ``"\\n"`` before ``pos`` (0 when there is none)."""
+    while pos > 0:
+        begin = max(0, pos - _SCAN)
+        at = os.pread(fd, pos - begin, begin).rfind(b"\n")
+        if at >= 0:
+            return begin + at + 1
+        pos = begin
+    return 0
+
+
+def _line_end(fd: int, pos: int, size: int) -> int | None:
+    """The offset just after the first ``"\\n"`` at or after ``pos``; None when none yet."""
+    while pos < size:
+        chunk = os.pread(fd, min(_SCAN, size - pos), pos)
+        if not chunk:
+            return None
+        at = chunk.find(b"\n")
+        if at >= 0:
+            return pos + at + 1
+        pos += len(chunk)
+    return None
+
+
+def mend_interleave(path: Path, fd: int, torn: Interleave, now: float) -> MendState:
+    """Move our lines after the other writer's record they landed inside, once it is complete.
+
+    ``"wait"`` while the other record's end has not been written; ``"gave_up"`` when it never
+    came (unchanged for :data:`STALE_TAIL_S`), when the file was replaced, or when the reassembled
+    record is not JSON (more than one foreign writer): our lines are intact either way.
+    """
+    size = os.fstat(fd).st_size
+    if size != torn.size:
+        torn.size, torn.since = size, now
+    end = _line_end(fd, torn.end, size)
+    if end is None:
+        return "gave_up" if now - torn.since >= STALE_TAIL_S else "wait"
+    begin = _line_start(fd, torn.start)
+    head = os.pread(fd, torn.start - begin, begin)
+    ours = os.pread(fd, torn.end - torn.start, torn.start)
+    rest = os.pread(fd, end - torn.end, torn.end)
+    joined = head + rest
+    try:
+        json.loads(joined)
+    except ValueError:
+        return "gave_up"
+    try:
+        wfd = os.open(path, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return "gave_up"
+    try:
+        mine, theirs = os.fstat(fd), os.fstat(wfd)
+        if (mine.st_dev, mine.st_ino) != (theirs.st_dev, theirs.st_ino):
+            return "gave_up"
+        data, at = joined + ours, begin
+        while data:  # no O_APPEND here: pwrite lands at ``at``
+            n = os.pwrite(wfd, data, at)
+            data, at = data[n:], at + n
+    finally:
+        os.close(wfd)
+    torn.ours_end = end
+    return "mended"
 
 
 # -- the session registry of Qwen Code ------------------------------------------------------------
