@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import msgspec
@@ -126,10 +127,34 @@ def test_torn_last_line_is_skipped_and_reported(path: Path) -> None:
     assert [x.line_no for x in st.torn] == [4]
 
 
+def _crashed_a_minute_ago(path: Path) -> None:
+    t = time.time() - 60
+    os.utime(path, (t, t))
+
+
+def test_a_fresh_partial_tail_is_a_live_writers_record_and_is_waited_for(path: Path) -> None:
+    """Opening a writer on a file whose last line is still being written (a running Qwen Code)
+    must not close that line: the append waits until the other writer finishes it."""
+    written = _write(path, 1)
+    other = ChatRecord(type="user", uuid="theirs", message=user("x" * 1000))
+    line = msgspec.json.encode(other) + b"\n"
+    with open(path, "ab") as f:
+        f.write(line[:400])
+    w = JsonlWriter(path, fsync="never")
+    with open(path, "ab") as f:
+        f.write(line[400:])
+    new = w.append_message("user", user("ours"))
+    w.close()
+    res = read_records(path)
+    assert res.torn == []
+    assert [r.uuid for r in res.records] == [written[0].uuid, "theirs", new.uuid]
+
+
 def test_append_after_torn_tail_starts_a_fresh_line(path: Path) -> None:
     written = _write(path, 2)
     with open(path, "ab") as f:
         f.write(b'{"uuid":"torn","type":"us')
+    _crashed_a_minute_ago(path)
     with JsonlWriter(path, fsync="never") as w:
         assert w.last_uuid == written[-1].uuid  # the torn line is not a parent
         new = w.append_message("user", user("after crash"))
@@ -145,6 +170,7 @@ def test_complete_line_without_newline_counts(path: Path) -> None:
     path.parent.mkdir(parents=True)
     path.write_bytes(msgspec.json.encode(ChatRecord(type="user", uuid="u1", message=user("a"))))
     assert [r.uuid for r in read_records(path).records] == ["u1"]
+    _crashed_a_minute_ago(path)
     with JsonlWriter(path, fsync="never") as w:
         b = w.append_message("user", user("b"))
     assert b.parentUuid == "u1"

@@ -100,7 +100,8 @@ def test_node_writer_and_daemon_share_a_session(daemon: SpawnedDaemon, tmp_path:
             assert node.wait(timeout=30) == 0
         c.call("session.close", {"session_id": sid})
     got = records.read_records(path)
-    assert got.torn == [], [t.reason for t in got.torn]
+    assert got.torn == [], ([t.reason for t in got.torn],
+                            [ln for ln in daemon.log_text().splitlines() if "session file" in ln])
     uuids = {r.uuid for r in got.records}
     for rnd in range(ROUNDS):
         for k in range(3):

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import structlog
 
 from qwenctxd.sessions import gemini_format, shared_file
 from qwenctxd.sessions.records import (
@@ -33,6 +34,8 @@ from qwenctxd.sessions.records import (
     RecordType,
     now_iso,
 )
+
+log = structlog.get_logger("qwenctxd.sessions")
 
 
 class _UuidOnly(msgspec.Struct):
@@ -108,8 +111,12 @@ class JsonlWriter:
             self._torn: shared_file.Interleave | None = None  # our lines inside another's record
             self.interleaves_mended = 0
             self.interleaves_left = 0
-            if size and os.pread(self._fd, 1, size - 1) != b"\n":
-                self._write(b"\n")  # close a torn tail so the next record starts a fresh line
+            st = os.fstat(self._fd)
+            if (size and os.pread(self._fd, 1, size - 1) != b"\n"
+                    and time.time() - st.st_mtime >= shared_file.STALE_TAIL_S):
+                # a crashed writer's torn tail: close it so the next record starts a fresh line
+                # (a fresher one may be a live writer's record: the first append waits on it)
+                self._write(b"\n")
                 self._expected = size + 1
             if parent_uuid is msgspec.UNSET:
                 parent_uuid = _tail_uuid(self._fd, size) if size else None
@@ -180,6 +187,8 @@ class JsonlWriter:
         lead = b""
         if size != self._expected:
             if not shared_file.ends_in_newline(fd, size):
+                if state != "stale_tail" and not force:
+                    return False  # a record begun since the look above: a live writer's
                 lead = b"\n"  # a dead writer's torn tail (or forced at close)
             self._rechain(fd)
         data = lead + b"".join(self._queue)
@@ -208,6 +217,8 @@ class JsonlWriter:
         state = shared_file.mend_interleave(self.path, fd, self._torn, time.monotonic())
         if state == "wait" and not force:
             return False
+        log.info("session file: our lines landed inside another writer's record",
+                 path=str(self.path), start=self._torn.start, end=self._torn.end, outcome=state)
         if state == "mended":
             self.interleaves_mended += 1
             self._dirty = True
