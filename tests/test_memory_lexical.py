@@ -13,6 +13,7 @@ from qwenctxd.memory import store
 from qwenctxd.memory.lexical import (
     Hit,
     LexicalIndex,
+    identifiers,
     match_expression,
     seed_score,
     seed_score_search,
@@ -326,3 +327,28 @@ async def test_integer_mtime_round_trips(tmp_path: Path) -> None:
     async with LexicalIndex(tmp_path / "r.sqlite") as ix:
         await ix.sync([doc])
         assert (await ix.sync([doc])).updated == 0
+
+
+def test_identifiers_are_the_words_that_name_something_exactly() -> None:
+    assert identifiers("where is marker0152 used") == [["marker0152"]]
+    assert identifiers("ERR_CONN_RESET after getUserById in src/app/main.py, see #1234") == [
+        ["err", "conn", "reset"], ["getuserbyid"], ["src", "app", "main"], ["1234"]]
+    assert identifiers("how do we deploy to staging") == []
+    assert identifiers("port 80 and 8080") == [["8080"]]
+    assert len(identifiers(" ".join(f"id{i}x" for i in range(50)))) == 8
+
+
+@pytest.mark.asyncio
+async def test_naming_counts_the_identifier_phrases_each_document_contains(tmp_path: Path) -> None:
+    docs = [Doc(f"/m/project/project/f{i}.md", name=f"fact {i}",
+                description=f"marker{i:04d} and ERR_CONN_RESET" if i == 3 else f"marker{i:04d}")
+            for i in range(6)]
+    docs.append(Doc("/m/project/project/reset.md", name="reset", description="conn err reset"))
+    async with LexicalIndex(tmp_path / "r.sqlite") as ix:
+        await ix.sync(docs)
+        groups = identifiers("marker0003 ERR_CONN_RESET")
+        everyone = [d.path for d in docs]
+        assert await ix.naming(groups, everyone) == {"/m/project/project/f3.md": 2}
+        # the tokens out of order are not the identifier; a path outside the list is not counted
+        assert await ix.naming(groups, everyone[:3]) == {}
+        assert await ix.naming([], everyone) == {}

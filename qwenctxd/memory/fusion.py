@@ -17,6 +17,9 @@ BM25_SCALE = 15.0  # blend: BM25 s counts s / (s + BM25_SCALE)
 #: per-tier weights; a list's weight is its key's, "semantic:*" lists default to SEMANTIC
 LEXICAL_WEIGHT = 1.0
 SEMANTIC_WEIGHT = 1.0
+#: a document containing every identifier the query names (``lexical.identifiers``) gains this
+#: much (a share of it for some): more than any cosine difference, so it comes first
+NAMED_WEIGHT = 1.0
 
 
 @dataclass
@@ -27,6 +30,7 @@ class Fused:
     lexical_score: float | None = None
     semantic: float | None = None  # the best cosine over the embedders that ranked it
     ranks: dict[str, int] = field(default_factory=dict)  # tier -> 1-based rank
+    named: int = 0  # how many of the query's identifiers it contains
 
 
 def rrf(lexical: Sequence[tuple[str, float]], semantic: Mapping[str, Sequence[tuple[str, float]]],
@@ -92,3 +96,17 @@ def blend(lexical: Sequence[tuple[str, float]],
             total += w.get(name, SEMANTIC_WEIGHT) * by_path.get(e.path, floors[name])
         e.score = total
     return sorted(entries.values(), key=lambda e: (-e.score, e.lexical_rank or 10**9))
+
+
+def prefer_named(fused: Sequence[Fused], named: Mapping[str, int], groups: int, *,
+                 weight: float = NAMED_WEIGHT) -> list[Fused]:
+    """``fused`` with each document that contains some of the query's ``groups`` identifiers
+    (``named``: path -> how many) raised by ``weight`` × that share, re-sorted."""
+    if not named or groups <= 0:
+        return list(fused)
+    for e in fused:
+        n = named.get(e.path, 0)
+        if n:
+            e.named = n
+            e.score += weight * min(n, groups) / groups
+    return sorted(fused, key=lambda e: (-e.score, e.lexical_rank or 10**9))

@@ -51,6 +51,7 @@ without any token hit scores 0 and is dropped; score desc, then mtime desc.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple, Protocol
 
@@ -185,6 +186,31 @@ def match_expression(terms: Iterable[str]) -> str:
     return " OR ".join(parts)
 
 
+_WORD = re.compile(r"[\w./:#-]+")
+_CAMEL = re.compile(r"[a-z][A-Z]")
+MAX_IDENTIFIERS = 8
+
+
+def identifiers(query: str) -> list[list[str]]:
+    """The query's words that name something exactly — with a digit and a letter
+    (``marker0152``, ``v2``), a ``_``, camelCase, a ``.`` or ``/`` inside, or three digits or
+    more (``#1234``) — each as its recall tokens. An embedder cannot tell ``marker0151`` from
+    ``marker0152``; the lexical tier can, and recall lets such a match decide."""
+    out: list[list[str]] = []
+    for word in _WORD.findall(query):
+        w = word.strip("./:#-")
+        named = ((any(c.isdigit() for c in w) and any(c.isalpha() for c in w))
+                 or "_" in w.strip("_") or bool(_CAMEL.search(w))
+                 or any(sep in w for sep in "./")
+                 or (w.isdigit() and len(w) >= 3))
+        toks = tokens(w) if named else []
+        if toks and toks not in out:
+            out.append(toks)
+        if len(out) >= MAX_IDENTIFIERS:
+            break
+    return out
+
+
 def type_boosts(query_tokens: Iterable[str]) -> dict[str, float]:
     """``{type: TYPE_BOOST × min(#tokens in TYPE_KEYWORDS[type], 2)}`` for the non-zero ones."""
     toks = set(query_tokens)
@@ -279,6 +305,26 @@ class LexicalIndex(CacheDatabase):
         async with self._lock:
             rows = await db.execute_fetchall(sql, args)
         return [Hit(r[0], float(r[1])) for r in rows]
+
+    async def naming(self, groups: Sequence[Sequence[str]], paths: Iterable[str]) -> dict[str, int]:
+        """Of ``paths``, how many of the identifier ``groups`` (:func:`identifiers`) each
+        document contains, each group as a phrase of its tokens; documents with none left out."""
+        want = list(dict.fromkeys(str(p) for p in paths))
+        if not groups or not want:
+            return {}
+        db = self._conn()
+        assert self._lock is not None
+        counts: dict[str, int] = {}
+        marks = ", ".join("?" * len(want))
+        async with self._lock:
+            for group in groups:
+                phrase = " + ".join(_quote(t) for t in group)
+                rows = await db.execute_fetchall(
+                    f"SELECT d.path FROM docs_fts JOIN docs d ON d.id = docs_fts.rowid "
+                    f"WHERE docs_fts MATCH ? AND d.path IN ({marks})", [phrase, *want])
+                for (path,) in rows:
+                    counts[path] = counts.get(path, 0) + 1
+        return counts
 
     # -- internals --------------------------------------------------------------------------------
 

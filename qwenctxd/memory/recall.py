@@ -3,9 +3,12 @@
 1. **lexical** — BM25 over the FTS5 index (:mod:`~qwenctxd.memory.lexical`);
 2. **semantic** — cosine over each memory field's vectors, per embedder
    (:mod:`~qwenctxd.memory.semantic`), waited for a bounded time;
-3. **fusion** of those lists (:mod:`~qwenctxd.memory.fusion`), then the **selector**: with a
+3. **fusion** of those lists (:mod:`~qwenctxd.memory.fusion`) — a memory containing an
+   identifier the query names (``marker0152``, ``ERR_CONN_RESET``) goes before ones that only
+   sound alike — then the **selector**: with a
    side-query model, the model sees only the fused top ``SELECTOR_CANDIDATES`` (headers, never
-   bodies) and its picks move to the front; late, failed or empty → the fused order stands.
+   bodies) and its picks, in its order, are the answer; late, failed or empty → the fused
+   order stands.
 
 Scope is decided before any tier runs: the documents are the project's and the user's (and the
 team's when on), so no tier can return another project's memory. ``tiers`` says which tier
@@ -25,7 +28,7 @@ import anyio
 import structlog
 
 from qwenctxd.memory import fusion, render, selector, store
-from qwenctxd.memory.lexical import LexicalIndex
+from qwenctxd.memory.lexical import LexicalIndex, identifiers
 from qwenctxd.memory.outbound import render_outbound
 from qwenctxd.memory.semantic.upkeep import SemanticUpkeep
 from qwenctxd.memory.tokenize import is_noise_query
@@ -143,6 +146,10 @@ async def recall(corpus: Corpus, query: str, *, model: ModelClient,
 
     merged = (fusion.blend if FUSION == "blend" else fusion.rrf)(lexical, ranked,
                                                                  weights=WEIGHTS)
+    groups = identifiers(query)
+    if groups:  # an identifier the query names decides over what only sounds alike
+        named = await corpus.lexical.naming(groups, [p for p, _ in lexical])
+        merged = fusion.prefer_named(merged, named, len(groups))
     fused = [e for e in merged if aliases_ok(e.path)]
     outcome = _outcome("heuristic", fused[:limit], by_path, scores, tiers, {})
     if on_fused is not None:
@@ -180,7 +187,8 @@ async def recall(corpus: Corpus, query: str, *, model: ModelClient,
     chosen = {p: i + 1 for i, p in enumerate(picks)}
     order = [e for e in fused if e.path in chosen]
     order.sort(key=lambda e: chosen[e.path])
-    order += [e for e in fused if e.path not in chosen]
+    # the selector judged every candidate: what it left out is not relevant (Qwen Code shows
+    # only the selected memories too); an empty or failed answer leaves the fused order above
     return _outcome("model", order[:limit], by_path, scores, tiers, chosen)
 
 
@@ -196,6 +204,8 @@ def _outcome(strategy: str, entries: list[fusion.Fused], by_path: dict[str, stor
         w: dict[str, Any] = {"final_rank": rank}
         if e.lexical_rank is not None:
             w["lexical_rank"] = e.lexical_rank
+            if e.lexical_score is not None:
+                w["lexical_score"] = round(e.lexical_score, 3)
         if e.semantic is not None:
             w["semantic"] = round(e.semantic, 4)
             w["semantic_ranks"] = {k: v for k, v in e.ranks.items() if k != "lexical"}

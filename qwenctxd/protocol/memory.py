@@ -43,6 +43,7 @@ class RecallWhy(msgspec.Struct, kw_only=True, omit_defaults=True):
 
     final_rank: int
     lexical_rank: int | None = None
+    lexical_score: float | None = None  # its BM25 (higher is better)
     semantic: float | None = None  # the best cosine over the embedders
     semantic_ranks: dict[str, int] | None = None  # embedder -> rank
     selector_rank: int | None = None  # its place in the selector's answer
