@@ -147,6 +147,39 @@ async def test_changing_subscriptions_restarts(tmp_path: Path) -> None:
 
 
 @pytest.mark.asyncio
+async def test_changes_while_the_watcher_restarts_are_delivered(tmp_path: Path) -> None:
+    """A new subscription restarts the watcher: what the old one had not reported yet (its
+    debounce) and what happened before the new one registered still reaches the subscriber."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    (a / "gone.md").write_text("x")
+    (a / "edited.md").write_text("x")
+    rec = Recorder()
+    async with running_hub() as hub:
+        hub.watch("a", [a], rec)
+        await hub.wait_synced()
+        restarts = hub.restarts
+        (a / "new.md").write_text("x")
+        (a / "gone.md").unlink()
+        (a / "edited.md").write_text("edited")
+        hub.watch("b", [b], Recorder())  # the old watcher stops before it reports them
+        await hub.wait_synced()
+        assert hub.restarts == restarts + 1
+        want = {(Change.added, str(a / "new.md")), (Change.deleted, str(a / "gone.md")),
+                (Change.modified, str(a / "edited.md"))}
+        await until_async(lambda: want <= set(rec.changes), what="the restart's changes")
+        # one more restart with nothing changed in between reports nothing new for a
+        seen = len(rec.changes)
+        hub.unwatch("b")
+        await hub.wait_synced()
+        assert hub.restarts == restarts + 2
+        (a / "marker").write_text("x")
+        await until_async(lambda: str(a / "marker") in rec.paths(), what="marker delivered")
+        assert {p for _, p in rec.changes[seen:]} == {str(a / "marker")}
+
+
+@pytest.mark.asyncio
 @pytest.mark.skipif(sys.platform != "linux", reason="inotify is Linux-only")
 async def test_inotify_watch_count(tmp_path: Path) -> None:
     dirs = [tmp_path / name for name in ("x", "y", "z")]

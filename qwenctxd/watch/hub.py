@@ -11,9 +11,16 @@ watcher (``stop_event``) and starts a new one.
 
 Directories that do not exist yet are watched through their nearest existing ancestor; when
 the ancestor reports that a directory on the way was created (or a watched directory was
-deleted, moved or replaced), the hub re-plans, restarts, and hands each affected subscriber a
-synthetic ``added`` change for every entry already present in the directory that (re)appeared,
-so nothing created before the new watch was registered is missed.
+deleted, moved or replaced), the hub re-plans and restarts.
+
+A restart is blind for a moment: the old watcher drops the changes it had collected but not yet
+reported (its debounce), and nothing watches between its stop and the new watcher's
+registration. So the hub lists the requested directories before each watcher registers and
+again once it has, and hands the subscribers a synthetic change for every entry that differs
+between the listing taken before the previous watcher registered and the one taken after this
+one did (:mod:`qwenctxd.watch.listing`): a file written into one project's memory while another
+project's load restarts the watcher is still reported, and so is every entry already present in
+a directory that (re)appeared. The windows overlap: a change may be reported twice.
 
 Registration point: watchfiles' Rust wait loop calls ``stop_event.is_set()`` from its worker
 thread every ``step`` ms; the first call can only happen once ``RustNotify`` exists, i.e. once
@@ -45,6 +52,8 @@ import anyio.to_thread
 import structlog
 from anyio.abc import TaskStatus
 from watchfiles import BaseFilter, Change, DefaultFilter, awatch
+
+from qwenctxd.watch.listing import Listings, diff, snapshot
 
 __all__ = ["Callback", "FileChange", "WatchHub", "count_inotify_watches"]
 
@@ -142,16 +151,12 @@ def _make_plan(requested: frozenset[str], debounce_ms: int, step_ms: int) -> _Pl
     return _Plan(watched, frozenset(missing), frozenset(triggers), debounce_ms, step_ms)
 
 
-def _list_entries(dirs: Iterable[str]) -> dict[str, list[str]]:
-    """Full paths of the entries of each directory (blocking: run it in a worker thread)."""
-    out: dict[str, list[str]] = {}
-    for d in dirs:
-        try:
-            with os.scandir(d) as it:
-                out[d] = [entry.path for entry in it]
-        except OSError:
-            out[d] = []
-    return out
+def _listed_plan(requested: frozenset[str], debounce_ms: int, step_ms: int
+                 ) -> tuple[Listings, _Plan]:
+    """The requested directories' listing, then the plan (blocking: run it in a worker thread).
+    The listing comes first: it must predate the watches the plan leads to."""
+    before = snapshot(requested)
+    return before, _make_plan(requested, debounce_ms, step_ms)
 
 
 class _StopEvent:
@@ -246,6 +251,8 @@ class WatchHub:
         self._stop: _StopEvent | None = None
         self._last: _Plan | None = None  # plan of the last watcher that registered
         self._live: _Plan | None = None  # plan of the watcher registered right now
+        # requested directories as listed before the last watcher that registered did so
+        self._baseline: Listings = {}
         self._running = False
         self._dispatch_lock: anyio.Lock | None = None
         self.batches = 0  # batches awatch reported
@@ -367,13 +374,13 @@ class WatchHub:
                 self._mark_synced(version)
                 await self._wait_for_change(version, None)
                 continue
-            plan = await anyio.to_thread.run_sync(
-                _make_plan, self._requested, self._debounce_eff, self.step_ms
+            before, plan = await anyio.to_thread.run_sync(
+                _listed_plan, self._requested, self._debounce_eff, self.step_ms
             )
             if version != self._version:
                 continue  # subscriptions changed while planning
             try:
-                await self._watch_once(plan, version)
+                await self._watch_once(plan, version, before)
             except FileNotFoundError as exc:  # a directory vanished before it was registered
                 quick += 1
                 if quick <= _QUICK_RETRIES:
@@ -413,8 +420,9 @@ class WatchHub:
             self._synced_version = version
         self._synced.fire()
 
-    async def _watch_once(self, plan: _Plan, version: int) -> None:
-        """Run one awatch over ``plan`` until it is stopped or the plan goes stale.
+    async def _watch_once(self, plan: _Plan, version: int, before: Listings) -> None:
+        """Run one awatch over ``plan`` until it is stopped or the plan goes stale; ``before``
+        lists the requested directories as they were before it started.
 
         Raises what awatch raised when it could not register the directories (OSError) or
         its backend failed later (``WatchfilesRustInternalError``, a RuntimeError).
@@ -425,7 +433,8 @@ class WatchHub:
         previous = self._last
         error: OSError | RuntimeError | None = None
         async with anyio.create_task_group() as tg:
-            tg.start_soon(self._after_registration, plan, previous, version, registered, stop)
+            tg.start_soon(self._after_registration, plan, previous, version, registered, stop,
+                          before)
             stop_event: Any = stop  # awatch only needs is_set()/set()
             try:
                 async with aclosing(
@@ -471,8 +480,9 @@ class WatchHub:
         version: int,
         registered: anyio.Event,
         stop: _StopEvent,
+        before: Listings,
     ) -> None:
-        """Once the watches exist: report synced, catch what changed while registering."""
+        """Once the watches exist: report synced, report what the restart kept from view."""
         await registered.wait()
         if previous is not None:
             self.restarts += 1
@@ -485,26 +495,21 @@ class WatchHub:
             missing=len(plan.missing),
             restarts=self.restarts,
         )
-        appeared = [
-            d
-            for d in self._requested
-            if d in plan.watched
-            and previous is not None
-            and (
-                d in previous.missing or previous.watched.get(d, plan.watched[d]) != plan.watched[d]
-            )
-        ]
-        fresh = await anyio.to_thread.run_sync(
-            _make_plan, frozenset(self._requested), plan.debounce_ms, plan.step_ms
-        )
+        requested = frozenset(self._requested)
+
+        def recheck() -> tuple[_Plan, Listings]:
+            return _make_plan(requested, plan.debounce_ms, plan.step_ms), snapshot(before)
+
+        fresh, after = await anyio.to_thread.run_sync(recheck)
         if not fresh.same_watch(plan):
             stop.set()  # something moved while we registered: go round again
-        if appeared:
-            entries = await anyio.to_thread.run_sync(_list_entries, appeared)
-            synthetic = {(Change.added, p) for paths in entries.values() for p in paths}
-            if synthetic:
-                log.debug("watch.synthetic_added", directories=len(appeared), n=len(synthetic))
-                await self._dispatch(synthetic)
+        # The listing from before the previous watcher registered, against this one's from
+        # after: everything since, including what the restart dropped or never saw.
+        baseline, self._baseline = self._baseline, before
+        missed = diff(baseline, after)
+        if missed:
+            log.debug("watch.missed_changes", n=len(missed), restarts=self.restarts)
+            await self._dispatch(missed)
 
     async def _dispatch(self, raw: set[FileChange]) -> None:
         assert self._dispatch_lock is not None
