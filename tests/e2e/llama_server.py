@@ -84,7 +84,10 @@ class LlamaServer:
         ]  # fmt: skip
         started = time.monotonic()
         log = self.log_path.open("wb")
-        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+        # unbuffered: the tests read this log live (the server's "Disconnected from client"
+        # is a print, which a file would otherwise hold in an 8 KiB buffer)
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
                                      start_new_session=True)  # fmt: skip
         log.close()
         deadline = started + timeout
