@@ -24,6 +24,7 @@ import anyio
 import structlog
 
 from qwenctxd.memory.outbound import OUTBOUND
+from qwenctxd.memory.semantic.blas import numpy_module
 from qwenctxd.memory.semantic.process import EmbedderUnavailable
 from qwenctxd.memory.semantic.vectors import VectorCache, text_sha
 
@@ -127,7 +128,7 @@ class SemanticIndex:
         """The matrix of ``texts`` under ``emb``: cached vectors and newly embedded ones go
         straight into one preallocated array (10 000 memories: one 60 MB array, not 30 000
         bytes objects and a joined copy, whose freed heap the daemon would keep)."""
-        import numpy as np
+        np = numpy_module()
 
         unique = list(dict.fromkeys(t for _, ts in texts for t in ts))
         shas = [text_sha(t) for t in unique]
@@ -163,7 +164,7 @@ class SemanticIndex:
                    ) -> tuple[dict[str, list[tuple[str, float]]], dict[str, str]]:
         """Per embedder with vectors: (path, cosine) best first, at most ``limit``; and per
         embedder that failed to embed the query, why (the others still answer)."""
-        import numpy as np
+        np = numpy_module()
 
         out: dict[str, list[tuple[str, float]]] = {}
         failed: dict[str, str] = {}

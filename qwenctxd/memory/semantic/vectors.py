@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+from qwenctxd.memory.semantic.blas import numpy_module
 from qwenctxd.store.sqlite import CacheDatabase
 
 READ_CHUNK = 512  # rows per fetch when loading a model's vectors
@@ -48,7 +49,7 @@ class VectorCache(CacheDatabase):
         ``(n, dim)`` float32 array) and return those rows; wrong-sized rows are left out.
         Read in chunks straight into ``out``: a 10 000-memory project's vectors are never all
         held as Python bytes at once (whose freed heap the process would keep)."""
-        import numpy as np
+        np = numpy_module()
 
         db = self._conn()
         size = dim * 4
