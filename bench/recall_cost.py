@@ -9,8 +9,8 @@ daemon RSS + the embedding worker's RSS (``daemon.status`` ``memory.worker.pid``
 of a lexical-only daemon over the same 10 000 memories — ≤ 150 MB.
 
 The 10 000 memories are generated (seeded): a name (2–7 words), a description (5–20 words) and
-a body (1–14 sentences, so 30–1 500 characters) from a vocabulary of a few hundred words across
-eight topics, with an identifier here and there; 10 % Chinese, 5 % Japanese, 5 % mixed. The
+a body (1–14 sentences, so 30–1 500 characters) from a vocabulary of 231 words (195 across
+eight topics), with an identifier here and there; 10 % Chinese, 5 % Japanese, 5 % mixed. The
 queries (240, seeded) are 2–6 words from the same vocabulary, a fifth Chinese or Japanese.
 
 Where a build's time goes: the worker's texts/s per field (name, description, the body's first
