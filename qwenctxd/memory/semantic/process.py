@@ -21,6 +21,8 @@ import msgspec
 import structlog
 from anyio.streams.buffered import BufferedByteReceiveStream
 
+from qwenctxd.memory.semantic.blas import numpy_module
+
 log = structlog.get_logger("qwenctxd.memory.embedder")
 HEADER = struct.Struct(">I")
 RESTART_WINDOW_S = 60.0
@@ -61,7 +63,7 @@ class EmbedderProcess:
 
     async def embed(self, model: str, texts: list[str], *, query: bool) -> Any:
         """An (n, dim) float32 array of L2-normalised rows."""
-        import numpy as np
+        np = numpy_module()
 
         reply = await self.request({"op": "embed", "model": model, "query": query,
                                     "texts": texts})

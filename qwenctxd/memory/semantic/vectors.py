@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
+from typing import Any
 
+from qwenctxd.memory.semantic.blas import numpy_module
 from qwenctxd.store.sqlite import CacheDatabase
 
+READ_CHUNK = 512  # rows per fetch when loading a model's vectors
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS vectors (
     model TEXT NOT NULL,
@@ -41,20 +44,27 @@ class VectorCache(CacheDatabase):
     SCHEMA_VERSION = 1
     TABLES = ("vectors", "models")
 
-    async def get_many(self, model: str, dim: int, shas: Sequence[bytes]) -> dict[bytes, bytes]:
-        """The cached vectors (float32 bytes) among ``shas``; wrong-sized rows are left out."""
+    async def read_into(self, model: str, dim: int, row_of: dict[bytes, int], out: Any) -> set[int]:
+        """Copy the cached vectors of the shas in ``row_of`` into their rows of ``out`` (an
+        ``(n, dim)`` float32 array) and return those rows; wrong-sized rows are left out.
+        Read in chunks straight into ``out``: a 10 000-memory project's vectors are never all
+        held as Python bytes at once (whose freed heap the process would keep)."""
+        np = numpy_module()
+
         db = self._conn()
-        want = set(shas)
-        out: dict[bytes, bytes] = {}
+        size = dim * 4
+        found: set[int] = set()
         assert self._lock is not None
         async with self._lock:
-            rows = await db.execute_fetchall("SELECT sha, vec FROM vectors WHERE model = ?",
-                                             (model,))
-        size = dim * 4
-        for sha, vec in rows:
-            if sha in want and len(vec) == size:
-                out[bytes(sha)] = bytes(vec)
-        return out
+            async with db.execute("SELECT sha, vec FROM vectors WHERE model = ?",
+                                  (model,)) as cur:
+                while rows := await cur.fetchmany(READ_CHUNK):
+                    for sha, vec in rows:
+                        row = row_of.get(bytes(sha))
+                        if row is not None and len(vec) == size:
+                            out[row] = np.frombuffer(vec, dtype=np.float32)
+                            found.add(row)
+        return found
 
     async def put_many(self, model: str, dim: int, rows: Iterable[tuple[bytes, bytes]]) -> None:
         db = self._conn()
