@@ -4,10 +4,11 @@ What makes a file *dirty* (to be read again from its indexed offset):
 
 * the daemon recording a record (:meth:`SessionSearch.recorded`, a record hook of
   ``SessionStore.recorded``: searchable within about :data:`RECORD_COALESCE_S`);
-* the watch hub: the ``chats`` directory of every project under ``<runtime>/projects`` and the
+* a watch (:class:`~qwenctxd.watch.closed_writes.ClosedWriteWatch` on Linux, else the watch
+  hub) of the ``chats`` directory of every project under ``<runtime>/projects`` and of the
   projects directory itself (a new project directory adds its ``chats`` to the watch), so a
-  file written, changed or removed by another program (the real ``qwen`` CLI) is seen within
-  the hub's debounce;
+  file written and closed, removed or moved by another program (the real ``qwen`` CLI) is
+  seen at once; the daemon's own appends raise no event (the record hook covers them);
 * the start-up scan, which compares every file's size and mtime with the index.
 
 One task (:meth:`run`) reads dirty files in worker threads and writes them in bounded batches
@@ -21,9 +22,10 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import anyio
 import anyio.to_thread
@@ -35,7 +37,7 @@ from qwenctxd.protocol import session as wire
 from qwenctxd.sessions.search import query as search_query
 from qwenctxd.sessions.search.index import FileState, FileUpdate, Filters, SearchIndex
 from qwenctxd.sessions.search.reader import chats_dirs, discover, read_update
-from qwenctxd.watch import FileChange, WatchHub
+from qwenctxd.watch import Callback, FileChange
 
 if TYPE_CHECKING:
     from qwenctxd.project import Project
@@ -51,13 +53,26 @@ RECHECK_S = 2.0  # a second scan after a project directory event
 SYNC_WAIT_S = 10.0  # at most this long for new watches to go live before a rescan
 
 
+class Watcher(Protocol):
+    """What session search needs of a directory watch (ClosedWriteWatch, WatchHub)."""
+
+    def watch(self, key: str, dirs: Iterable[str | os.PathLike[str]],
+              callback: Callback) -> None: ...
+    def unwatch(self, key: str) -> None: ...
+    async def wait_synced(self) -> None: ...
+
+
 class SessionSearch:
     """The ``session.search`` service over ``projects_root`` (see the module docstring)."""
 
-    def __init__(self, db_path: Path, *, projects_root: Path, hub: WatchHub | None) -> None:
+    def __init__(self, db_path: Path, *, projects_root: Path, hub: Watcher | None,
+                 own_watch: bool = False) -> None:
+        """``hub``: the watch of the chats directories; ``own_watch``: it is this search's
+        own (a ClosedWriteWatch), run by :meth:`run`, not a shared one the daemon runs."""
         self.index = SearchIndex(db_path)
         self.projects_root = projects_root
         self._hub = hub
+        self._own_watch = own_watch
         self._dirty: dict[str, None] = {}  # insertion-ordered set of paths
         self._in_batch = 0
         self._wake = anyio.Event()
@@ -100,7 +115,11 @@ class SessionSearch:
     async def run(self) -> None:
         """Until :meth:`aclose`: index what is dirty, in bounded batches, then wait for more."""
         with anyio.CancelScope() as self._run_scope:
-            if not self._closed:
+            if self._closed:
+                return
+            async with anyio.create_task_group() as tg:
+                if self._own_watch and self._hub is not None:
+                    await tg.start(self._hub.run)  # type: ignore[attr-defined]
                 await self._open()
                 await self._run()
 
@@ -138,8 +157,10 @@ class SessionSearch:
         root = str(self.projects_root)
         for _change, path in changes:
             parent = os.path.dirname(path)
-            if parent == root or path == root:
-                self._rescan = True  # a project directory came or went
+            if parent == root or path == root or Path(path) in self._watched:
+                # a project directory came or went, a chats directory went (or the kernel's
+                # event queue overflowed: every watched directory is reported)
+                self._rescan = True
             elif SESSION_FILE_RE.match(os.path.basename(path)):
                 self._dirty[path] = None
         self._wake.set()
@@ -149,11 +170,11 @@ class SessionSearch:
         if self._hub is None:
             return False
         dirs = frozenset([self.projects_root, *chats_dirs(self.projects_root)])
-        if dirs == self._watched:
-            return False
+        changed = dirs != self._watched
         self._watched = dirs
+        # every time: a directory removed and made again is watched again (a no-op otherwise)
         self._hub.watch(WATCH_KEY, dirs, self._on_change)
-        return True
+        return changed
 
     async def _scan(self) -> None:
         found = await anyio.to_thread.run_sync(discover, self.projects_root)
