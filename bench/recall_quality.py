@@ -50,7 +50,6 @@ import anyio
 import anyio.to_thread
 
 from bench.common import save
-from qwenctxd.memory import store
 from qwenctxd.memory.lexical import LexicalIndex, seed_score_search
 from qwenctxd.testing.recall_devset import (
     LANGS,
@@ -62,6 +61,7 @@ from qwenctxd.testing.recall_devset import (
     Query,
     load,
     materialize_layout,
+    scanned_docs,
 )
 
 TOP = 10
@@ -154,17 +154,6 @@ async def evaluate(rank: Rank, queries: Sequence[Query]) -> Metrics:
 
 
 # -- rankers -------------------------------------------------------------------------------------
-
-
-def scanned_docs(layout: Layout) -> dict[str, list[store.MemoryDoc]]:
-    """The materialized memories as the daemon parses them, per scope key."""
-    docs: dict[str, list[store.MemoryDoc]] = {}
-    for key in (*PROJECTS, USER_SCOPE):
-        scope = "user" if key == USER_SCOPE else "project"
-        res = store.scan(layout.root_of(key), scope, uncapped=True)  # type: ignore[arg-type]
-        assert not res.problems, res.problems
-        docs[key] = res.docs
-    return docs
 
 
 @contextlib.asynccontextmanager

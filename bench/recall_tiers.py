@@ -22,7 +22,14 @@ from qwenctxd.memory.semantic.embedders import PACKAGED, WorkerEmbedder
 from qwenctxd.memory.semantic.process import EmbedderProcess
 from qwenctxd.memory.semantic.tier import SemanticIndex
 from qwenctxd.memory.semantic.vectors import VectorCache
-from qwenctxd.testing.recall_devset import PROJECTS, USER_SCOPE, DevSet, Layout, Query
+from qwenctxd.testing.recall_devset import (
+    PROJECTS,
+    USER_SCOPE,
+    DevSet,
+    Layout,
+    Query,
+    scanned_docs,
+)
 
 
 @dataclass
@@ -34,8 +41,6 @@ class Lists:
 async def tier_lists(devset: DevSet, layout: Layout, queries: list[Query] | None = None,
                      *, embedders: tuple[str, ...] = (*PACKAGED, "e5")) -> dict[str, Lists]:
     """query id -> its lists (paths), every tier over the query's project + the user."""
-    from bench.recall_quality import scanned_docs
-
     docs = scanned_docs(layout)
     queries = queries if queries is not None else list(devset.queries)
     out: dict[str, Lists] = {}

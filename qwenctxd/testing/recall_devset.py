@@ -255,3 +255,14 @@ def materialize_layout(home: Path, devset: DevSet | None = None) -> Layout:
         layout.files[mid] = dst
         layout._by_path[os.path.realpath(dst)] = mid
     return layout
+
+
+def scanned_docs(layout: Layout) -> dict[str, list[store.MemoryDoc]]:
+    """The materialized memories as the daemon parses them, per scope key."""
+    docs: dict[str, list[store.MemoryDoc]] = {}
+    for key in (*PROJECTS, USER_SCOPE):
+        scope = "user" if key == USER_SCOPE else "project"
+        res = store.scan(layout.root_of(key), scope, uncapped=True)  # type: ignore[arg-type]
+        assert not res.problems, res.problems
+        docs[key] = res.docs
+    return docs
