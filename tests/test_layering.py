@@ -79,42 +79,56 @@ def test_qwen_home_is_resolved_in_one_place() -> None:
     assert found == []
 
 
-def server_import_graph() -> dict[str, set[str]]:
-    """Module → the qwenctxd.server modules it imports (typing-only and function-level imports
-    included; importing ``a.b.c`` imports the package ``a.b`` too)."""
-    server = PACKAGE / "server"
-    names = {}
-    for path in sorted(server.rglob("*.py")):
-        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
-        names[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+REPO = PACKAGE.parent
+#: Every tree of ours that imports: the daemon, qwenctl (its proxy and MCP server) and bench/.
+IMPORT_ROOTS = (PACKAGE, REPO / "clients" / "qwenctl" / "qwenctl", REPO / "bench")
+
+
+def module_names(roots: tuple[Path, ...]) -> dict[str, Path]:
+    names: dict[str, Path] = {}
+    for root in roots:
+        for path in sorted(root.rglob("*.py")):
+            parts = path.relative_to(root.parent).with_suffix("").parts
+            names[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return names
+
+
+def import_graph(roots: tuple[Path, ...] = IMPORT_ROOTS, *,
+                 within: str | None = None) -> dict[str, set[str]]:
+    """Module → the modules of ours it imports (typing-only and function-level imports
+    included, relative imports resolved; importing ``a.b.c`` imports the package ``a.b`` too;
+    a module importing its own parent package is not an arrow)."""
+    names = module_names(roots)
+    if within:
+        names = {n: p for n, p in names.items() if n == within or n.startswith(within + ".")}
     graph: dict[str, set[str]] = {}
     for name, path in names.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
         deps: set[str] = set()
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                deps.add(node.module)
-                deps.update(f"{node.module}.{alias.name}" for alias in node.names)
+            if isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                    base = ".".join([*anchor, *([base] if base else [])])
+                if base:
+                    deps.add(base)
+                    deps.update(f"{base}.{alias.name}" for alias in node.names)
             elif isinstance(node, ast.Import):
                 deps.update(alias.name for alias in node.names)
         with_packages = {".".join(d.split(".")[:i]) for d in deps
-                         for i in range(2, d.count(".") + 2)}
+                         for i in range(1, d.count(".") + 2)}
         graph[name] = {d for d in with_packages if d in names and d != name
                        and not name.startswith(d + ".")}
     return graph
 
 
-def test_nothing_below_the_daemon_imports_it() -> None:
-    """Connections and handlers get their collaborators (a ConnectionHost, the dispatcher, the
-    services), never the Daemon: only the entry point imports ``server.app``."""
-    graph = server_import_graph()
-    assert sorted(m for m, deps in graph.items() if "qwenctxd.server.app" in deps) == []
-    outside = [p for p in sorted(PACKAGE.rglob("*.py")) if "qwenctxd.server.app"
-               in imported_modules(p) and p.parent.name != "server"]
-    assert [str(p.relative_to(PACKAGE.parent)) for p in outside] == ["qwenctxd/__main__.py"]
+def server_import_graph() -> dict[str, set[str]]:
+    """Module → the qwenctxd.server modules it imports."""
+    return import_graph((PACKAGE,), within="qwenctxd.server")
 
 
-def test_the_server_package_has_no_import_circle() -> None:
-    graph = server_import_graph()
+def circles_in(graph: dict[str, set[str]]) -> list[str]:
     state: dict[str, int] = {}  # 1: on the walk, 2: done
     circles: list[str] = []
 
@@ -130,4 +144,27 @@ def test_the_server_package_has_no_import_circle() -> None:
     for mod in sorted(graph):
         if mod not in state:
             walk(mod, [mod])
-    assert circles == []
+    return circles
+
+
+def test_nothing_below_the_daemon_imports_it() -> None:
+    """Connections and handlers get their collaborators (a ConnectionHost, the dispatcher, the
+    services), never the Daemon: only the entry point imports ``server.app``."""
+    graph = server_import_graph()
+    assert sorted(m for m, deps in graph.items() if "qwenctxd.server.app" in deps) == []
+    outside = [p for p in sorted(PACKAGE.rglob("*.py")) if "qwenctxd.server.app"
+               in imported_modules(p) and p.parent.name != "server"]
+    assert [str(p.relative_to(PACKAGE.parent)) for p in outside] == ["qwenctxd/__main__.py"]
+
+
+def test_the_server_package_has_no_import_circle() -> None:
+    assert circles_in(server_import_graph()) == []
+
+
+def test_no_import_circle_anywhere() -> None:
+    """The daemon, qwenctl and bench/: no module reaches itself through what it imports (qwenctl's
+    ``cli`` and its command modules, the shell judge and its rules, the server and its
+    connection once did)."""
+    graph = import_graph()
+    assert "qwenctl.cli" in graph and "bench.recall_quality" in graph  # the walk saw them
+    assert circles_in(graph) == []
