@@ -53,6 +53,34 @@ def test_the_git_snapshot_sits_before_auto_memory_and_is_frozen_for_the_session(
     assert "second commit" not in system
 
 
+def test_sessions_opened_in_a_burst_share_a_snapshot_until_the_work_tree_moves(
+        daemon: SpawnedDaemon) -> None:
+    """A new session may reuse a snapshot taken a moment ago (issue 28: three git processes
+    per session.open), but never one older than a file added at the root, a staged change or
+    a commit."""
+    repo = make_repo(daemon.root)
+    with daemon.client() as c:
+        def system_of_new_session() -> str:
+            sid = c.call("session.open", {"cwd": str(repo), "model": "m"})["session_id"]
+            return c.call("session.turn", {"session_id": sid, "kind": "user",
+                                           "text": "hi"})["system"]
+
+        first = system_of_new_session()
+        assert system_of_new_session() == first  # nothing moved
+        (repo / "added.txt").write_text("new\n")
+        untracked = system_of_new_session()
+        (repo / "sub").mkdir()
+        (repo / "sub" / "deep.txt").write_text("d\n")
+        subprocess.run([*GIT, "add", "-A"], cwd=repo, check=True)
+        staged = system_of_new_session()
+        subprocess.run([*GIT, "commit", "-q", "-m", "third commit"], cwd=repo, check=True)
+        committed = system_of_new_session()
+    assert "git: Status: clean" in first
+    assert "git: ?? added.txt" in untracked
+    assert "git: A  sub/deep.txt" in staged and "git: A  added.txt" in staged
+    assert "third commit" in committed and "third commit" not in staged
+
+
 def write_qwen_session(path: Path, sid: str, cwd: str) -> None:
     """A session file as the Qwen Code CLI 0.24.4 writes it (shapes recorded from the real CLI)."""
     base = {"sessionId": sid, "cwd": cwd, "version": "0.24.4", "gitBranch": "main"}

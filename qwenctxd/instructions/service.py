@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +38,11 @@ from qwenctxd.watch import Watched, WatchedCache, WatchHub
 
 log = structlog.get_logger("qwenctxd.instructions")
 GIT_TIMEOUT_S = 1.0
+#: a new session reuses the git snapshot an earlier one took this recently, while HEAD, the
+#: branch ref, packed-refs, the index and the project root directory are unchanged: agents
+#: open sessions in bursts (a proxy's new conversations, subagents), and each fresh snapshot
+#: is three git processes on the first-byte path
+GIT_SNAPSHOT_REUSE_S = 5.0
 MemorySectionProvider = Callable[[Project], str]
 
 
@@ -102,6 +108,8 @@ class InstructionsService:
         # shared loads (a cancelled prompt.system stops waiting; the build goes on)
         self._sets: WatchedCache[Path, _SetEntry] = WatchedCache(hub, tasks, "instructions")
         self._git: WatchedCache[Path, _GitEntry] = WatchedCache(hub, tasks, "git")
+        #: root -> (taken at, git files' fingerprints, section): see GIT_SNAPSHOT_REUSE_S
+        self._snapshots: dict[Path, tuple[float, tuple[Any, ...], str]] = {}
         self._prompts: dict[tuple[Any, ...], tuple[tuple[Any, ...], SystemPrompt]] = {}
         self.rebuilds = 0
 
@@ -172,12 +180,24 @@ class InstructionsService:
         """A fresh git section for a session starting now in ``project`` ("" outside a
         repository).
 
-        Queried now, not taken from the cache: the status lines must be the ones at start."""
+        Queried now, not taken from the project's cache (the status lines must be the ones at
+        start) — unless a session began in the same project within ``GIT_SNAPSHOT_REUSE_S``
+        and no git file or the root directory changed since."""
         root = project.root
         if root is None:
             return ""
-        return gitinfo.render_git_section(
+        prints = tuple(assemble.fingerprint(p) for p in
+                       (*_git_files(root), *_index_files(root), root))
+        now = time.monotonic()
+        hit = self._snapshots.get(root)
+        if hit is not None and now - hit[0] <= GIT_SNAPSHOT_REUSE_S and hit[1] == prints:
+            return hit[2]
+        section = gitinfo.render_git_section(
             await gitinfo.git_status(root, timeout_s=GIT_TIMEOUT_S))
+        if len(self._snapshots) > 256:
+            self._snapshots.clear()
+        self._snapshots[root] = (now, prints, section)
+        return section
 
     async def _git_section(self, root: Path | None) -> tuple[str, int]:
         if root is None:
@@ -334,6 +354,12 @@ def _git_deps(root: Path) -> dict[Path, set[str]]:
     if (root / ".git").is_file():
         deps.setdefault(root, set()).add(".git")
     return deps
+
+
+def _index_files(root: Path) -> list[Path]:
+    """The work tree's index: staging, or a checkout, moves it."""
+    gitdir = gitinfo.resolve_git_dir(root)
+    return [] if gitdir is None else [gitdir / "index"]
 
 
 def _git_files(root: Path) -> list[Path]:
