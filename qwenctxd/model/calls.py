@@ -27,7 +27,7 @@ from qwenctxd.protocol.errors import ModelUnavailable
 if TYPE_CHECKING:
     from openai import AsyncOpenAI
 
-__all__ = ["DeltaCallback", "Request", "complete_once", "map_error", "one_shot", "stream_once"]
+__all__ = ["DeltaCallback", "Request", "complete_once", "map_error", "one_shot", "sdk_kwargs", "stream_once"]
 
 DeltaCallback = Callable[[str], Awaitable[None] | None]
 
@@ -72,6 +72,27 @@ def map_error(oa: ModuleType | None, exc: Exception, timeout: float) -> ModelUna
         return unavailable("invalid_json")
     return None
 
+#: keyword arguments of ``chat.completions.create`` the SDK would walk recursively to
+#: "transform" them (TypedDict-driven; nothing in them needs it: they are plain JSON already)
+_PASSED_THROUGH = ("messages", "tools")
+
+
+def sdk_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` for ``chat.completions.create`` with the history and the tool schemas sent
+    through ``extra_body`` (merged into the JSON body as given). The SDK's parameter
+    transform walks every message and schema on the event loop: for an extraction over a
+    long conversation that was a fifth of the daemon's busy time under the proxy bench, every
+    turn of every session waiting behind it (issue 28). The request on the wire is the same."""
+    out = dict(kwargs)
+    extra = dict(out.get("extra_body") or {})
+    for key in _PASSED_THROUGH:
+        if key in out:
+            extra[key] = out.pop(key)
+    out["messages"] = []  # a required argument; the body's messages come from extra_body
+    out["extra_body"] = extra
+    return out
+
+
 async def one_shot(oa: ModuleType, client: AsyncOpenAI, req: Request) -> Completion:
     """One whole answer: streamed and accumulated when ``req.stream``, else plain."""
     if req.stream:
@@ -80,7 +101,8 @@ async def one_shot(oa: ModuleType, client: AsyncOpenAI, req: Request) -> Complet
 
 async def complete_once(client: AsyncOpenAI, req: Request) -> Completion:
     """One non-streamed completion."""
-    resp: Any = await client.chat.completions.create(**req.kwargs, timeout=req.timeout)
+    resp: Any = await client.chat.completions.create(**sdk_kwargs(req.kwargs),
+                                                     timeout=req.timeout)
     if isinstance(resp, str):  # a non-JSON content type: the SDK hands back the raw text
         raise unavailable("invalid_json")
     choices = getattr(resp, "choices", None)
@@ -105,7 +127,7 @@ async def stream_once(
 ) -> Completion:
     """One streamed completion, accumulated; ``on_delta`` sees each text delta."""
     stream: Any = await client.chat.completions.create(
-        **req.kwargs,
+        **sdk_kwargs(req.kwargs),
         stream=True,
         stream_options={"include_usage": True},
         timeout=req.timeout,
