@@ -1,27 +1,49 @@
 """``python -m bench proxy``: what ``qwenctl proxy`` adds to a streamed chat request.
 
-A spawned daemon, a ScriptedOpenAI upstream and the proxy as a real process. Time to first
-byte (first SSE chunk) of a streamed request, through the proxy and straight to the same
-upstream, alternating request by request in one run: for a new conversation (session.open +
-turn + prompt sections) and for turns of one growing conversation. Then the throughput of 32
-concurrent streamed conversations (5 turns each) through the proxy against the same load
-sent straight upstream. Goal: ≤ 5 ms added at p50 on loopback.
+Measured in the real configuration and, in the same run, with the background agents off.
+For each configuration: a spawned daemon, a ScriptedOpenAI upstream (also the side-query
+endpoint when the model is on) and the proxy as a real process, then:
+
+* time to first byte (first SSE chunk) of a streamed request, through the proxy and straight
+  to the same upstream, alternating request by request: for a new conversation (session.open
+  + turn + prompt sections) and for turns of one growing conversation;
+* the throughput of 32 concurrent streamed conversations (5 turns each) through the proxy
+  against the same load sent straight upstream;
+* with the model on: ``daemon.ping`` round trips on a connection of its own while an
+  extraction runs (from the turn that schedules it until the daemon reports none in flight).
+
+``model on`` — the daemon has ``OPENAI_BASE_URL`` (the stub), so every completed turn
+schedules the extraction agent (and the dream gate, the title, the skill reviewer run as they
+do for a user with an endpoint). Each extraction is answered after ``EXTRACT_DELAY_S`` with a
+``write_file`` of one memory (secret scan, atomic write, index upkeep, fsync in the daemon),
+then a closing text. ``model off`` — no endpoint: the background agents stop at their gates.
+
+Goals (issue 28): TTFB p50 added ≤ 2 ms for a growing conversation, ≤ 5 ms for a new one,
+p99 added ≤ 10 ms; 32 concurrent ≥ 0.8× direct; ping p99 during extraction ≤ 5 ms.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import itertools
+import logging
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx2 as httpx
+import structlog
 
-from bench.common import percentile, save
+from bench.common import RESULTS, percentile, save
+from qwenctxd.client import Client
 from qwenctxd.testing.openai_stub import Reply, ScriptedOpenAI
 from qwenctxd.testing.spawn import SpawnedDaemon
 
@@ -29,6 +51,10 @@ SYSTEM = "You are BenchBot."
 REPLY = Reply(content="A streamed answer of a few words, sent in small chunks. " * 4,
               chunk_chars=16)
 N = int(os.environ.get("BENCH_PROXY_N", "150"))
+EXTRACT_DELAY_S = 0.3
+PING_ROUNDS = 12
+GOALS = {"same_added_p50_ms": 2.0, "new_added_p50_ms": 5.0, "added_p99_ms": 10.0,
+         "concurrent32_ratio": 0.8, "ping_p99_during_extraction_ms": 5.0}
 
 
 def start_proxy(d: SpawnedDaemon, upstream: str, cwd: str) -> tuple[subprocess.Popen[bytes],
@@ -86,27 +112,64 @@ async def conversations(url: str, key: str, n_conv: int, turns: int) -> float:
         return n_conv * turns / (time.perf_counter() - t0)
 
 
-def main() -> None:
-    with ScriptedOpenAI(default=REPLY) as stub:
-        d = SpawnedDaemon()  # no side-query model: no extraction competing for the CPU
-        d.start()
-        proj = d.root / "proj"
-        proj.mkdir()
-        (proj / "QWEN.md").write_text("Bench project instructions.\n")
-        proc, purl, key = start_proxy(d, stub.base_url, str(proj))
-        try:
-            results = run(stub.base_url, purl, key)
-        finally:
-            proc.terminate()
-            proc.wait(10)
-            d.cleanup()
-    path = save("proxy", results)
-    for k, v in results.items():
-        print(f"{k}: {v}")
-    print(f"saved {path}")
+class Upstream:
+    """The stub's answers: the chat reply for the agent, a memory write for the extractor."""
+
+    def __init__(self) -> None:
+        self.memory_dir: Path | None = None
+        self.extractions = 0
+        self._n = itertools.count()
+
+    def __call__(self, body: dict[str, Any]) -> Reply:
+        msgs = body.get("messages") or []
+        system = str(msgs[0].get("content")) if msgs and isinstance(msgs[0], dict) else ""
+        if "memory extractor" not in system:
+            return REPLY if body.get("stream") else Reply(content="ok")
+        if any(isinstance(m, dict) and m.get("role") == "tool" for m in msgs) \
+                or self.memory_dir is None:
+            return Reply(content="Saved one memory.")
+        self.extractions += 1
+        n = next(self._n)
+        path = self.memory_dir / "project" / f"bench_fact_{n % 8}.md"
+        text = (f"---\nname: Bench fact {n % 8}\ndescription: a fact from bench turn {n}\n"
+                f"type: project\n---\nThe bench learnt fact {n} about module_{n}.py.\n")
+        return Reply(delay_s=EXTRACT_DELAY_S, tool_calls=[{
+            "id": f"w{n}", "function": {"name": "write_file",
+                                         "arguments": {"file_path": str(path),
+                                                       "content": text}}}])
 
 
-def run(direct_url: str, proxy_url: str, key: str) -> dict[str, Any]:
+def ping_during_extraction(d: SpawnedDaemon, proxy_url: str, key: str) -> dict[str, Any]:
+    """``daemon.ping`` on its own connection from the turn that schedules an extraction until
+    the daemon has none in flight, ``PING_ROUNDS`` times."""
+    pings: list[float] = []
+    rounds_with_extraction = 0
+    with httpx.Client(timeout=60) as http, Client(d.socket) as c:
+        for r in range(PING_ROUNDS):
+            assert c.call("daemon.drain", {"timeout_s": 30})["drained"]
+            msgs = [{"role": "system", "content": SYSTEM},
+                    {"role": "user", "content": f"ping round {r} {time.time_ns()}: remember "
+                                                "that the staging cluster deploys from main"}]
+            ttfb(http, proxy_url, key, msgs)
+            deadline = time.monotonic() + 30
+            saw = False
+            while time.monotonic() < deadline:
+                for _ in range(25):
+                    t0 = time.perf_counter()
+                    c.call("daemon.ping")
+                    pings.append((time.perf_counter() - t0) * 1000)
+                    time.sleep(0.001)
+                flight = c.call("daemon.status")["background"]["in_flight"]
+                if any(t["kind"] == "extract" for t in flight):
+                    saw = True
+                elif saw or time.monotonic() > deadline - 29:  # done, or never started
+                    break
+            rounds_with_extraction += saw
+    return {"samples": len(pings), "rounds": PING_ROUNDS,
+            "rounds_with_extraction": rounds_with_extraction, **stats(pings)}
+
+
+def measure(direct_url: str, proxy_url: str, key: str) -> dict[str, Any]:
     out: dict[str, Any] = {"n": N}
     with httpx.Client(timeout=60) as c:
         for _ in range(10):  # warm up both paths
@@ -119,10 +182,10 @@ def run(direct_url: str, proxy_url: str, key: str) -> dict[str, Any]:
                  {"role": "user", "content": f"question {i} {time.time_ns()}"}]
             direct.append(ttfb(c, direct_url, "x", m))
             proxied.append(ttfb(c, proxy_url, key, m))
-        out["new_conversation_direct"] = stats(direct)
-        out["new_conversation_proxy"] = stats(proxied)
-        out["new_conversation_added_p50_ms"] = round(
-            statistics.median(proxied) - statistics.median(direct), 3)
+        out["new_direct"] = stats(direct)
+        out["new_proxy"] = stats(proxied)
+        out["new_added_p50_ms"] = round(out["new_proxy"]["p50_ms"] - out["new_direct"]["p50_ms"], 3)
+        out["new_added_p99_ms"] = round(out["new_proxy"]["p99_ms"] - out["new_direct"]["p99_ms"], 3)
         direct, proxied = [], []
         msgs: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}]
         for i in range(N):  # one conversation, growing turn by turn
@@ -130,13 +193,122 @@ def run(direct_url: str, proxy_url: str, key: str) -> dict[str, Any]:
             direct.append(ttfb(c, direct_url, "x", msgs))
             proxied.append(ttfb(c, proxy_url, key, msgs))
             msgs.append({"role": "assistant", "content": REPLY.content})
-        out["same_conversation_direct"] = stats(direct)
-        out["same_conversation_proxy"] = stats(proxied)
-        out["same_conversation_added_p50_ms"] = round(
-            statistics.median(proxied) - statistics.median(direct), 3)
+        out["same_direct"] = stats(direct)
+        out["same_proxy"] = stats(proxied)
+        out["same_added_p50_ms"] = round(
+            out["same_proxy"]["p50_ms"] - out["same_direct"]["p50_ms"], 3)
+        out["same_added_p99_ms"] = round(
+            out["same_proxy"]["p99_ms"] - out["same_direct"]["p99_ms"], 3)
     direct_rps = asyncio.run(conversations(direct_url, "x", 32, 5))
     proxy_rps = asyncio.run(conversations(proxy_url, key, 32, 5))
     out["concurrent32_direct_req_per_s"] = round(direct_rps, 1)
     out["concurrent32_proxy_req_per_s"] = round(proxy_rps, 1)
     out["concurrent32_ratio"] = round(proxy_rps / direct_rps, 3)
     return out
+
+
+@contextlib.contextmanager
+def profiled(model: bool, pids: dict[str, int]) -> Iterator[dict[str, Any]]:
+    """With ``BENCH_PROXY_PYSPY=<py-spy binary>``: sample the daemon and the proxy during the
+    measurement (``py-spy record --nonblocking``, collapsed stacks under bench/results/) and
+    add the hottest frames (inclusive share of samples) to the results."""
+    binary = os.environ.get("BENCH_PROXY_PYSPY")
+    found: dict[str, Any] = {}
+    if not binary:
+        yield found
+        return
+    tag = "on" if model else "off"
+    RESULTS.mkdir(exist_ok=True)
+    procs = {name: subprocess.Popen(
+        [binary, "record", "--nonblocking", "--rate", "250", "--format", "raw", "--pid",
+         str(pid), "-o", str(RESULTS / f"proxy_profile_{tag}_{name}.txt")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for name, pid in pids.items()}
+    time.sleep(1.0)  # py-spy attaches
+    try:
+        yield found
+    finally:
+        for p in procs.values():
+            p.send_signal(signal.SIGINT)
+        for name, p in procs.items():
+            p.wait(30)
+            found[f"profile_{name}"] = hottest(RESULTS / f"proxy_profile_{tag}_{name}.txt")
+
+
+def hottest(path: Path, top: int = 14) -> dict[str, float]:
+    """Inclusive share of samples per frame (``function (file)``) of a collapsed-stack file,
+    idle frames (a thread waiting in select/epoll) left out of the total."""
+    inclusive: dict[str, int] = {}
+    total = 0
+    if not path.exists():
+        return {}
+    for line in path.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not count.isdigit():
+            continue
+        frames = stack.split(";")
+        if any(k in frames[-1] for k in ("select (", "poll (", "_worker (", "wait (")):
+            continue  # idle: the loop waiting for I/O, a pool thread waiting for work
+        n = int(count)
+        total += n
+        for f in set(re.sub(r":\d+\)", ")", fr) for fr in frames):
+            inclusive[f] = inclusive.get(f, 0) + n
+    best = sorted(inclusive.items(), key=lambda kv: -kv[1])[:top]
+    return {"busy_samples": total, **{f: round(n / total, 3) for f, n in best}} if total else {}
+
+
+def configuration(model: bool) -> dict[str, Any]:
+    upstream = Upstream()
+    with ScriptedOpenAI(handler=upstream) as stub:
+        env = {"OPENAI_BASE_URL": stub.base_url, "OPENAI_MODEL": "stub-model",
+               "OPENAI_API_KEY": "bench"} if model else {}
+        d = SpawnedDaemon(env=env)
+        d.start(timeout=20)
+        proj = d.home / "proj"
+        (proj / ".git").mkdir(parents=True)
+        (proj / "QWEN.md").write_text("Bench project instructions.\n")
+        proc, purl, key = start_proxy(d, stub.base_url, str(proj))
+        try:
+            with Client(d.socket) as c:
+                roots = c.call("memory.status", {"cwd": str(proj)})["roots"]
+                upstream.memory_dir = Path(roots["project"])
+                configured = c.call("daemon.status")["model"]
+            with profiled(model, {"daemon": d.proc.pid, "proxy": proc.pid}) as profile:
+                out = measure(stub.base_url, purl, key)
+            out.update(profile)
+            if model:
+                out["ping_during_extraction"] = ping_during_extraction(d, purl, key)
+            with Client(d.socket) as c:
+                drained = c.call("daemon.drain", {"timeout_s": 30})["drained"]
+                st = c.call("daemon.status")
+            out["model_configured"] = configured["configured"]
+            out["extractions_answered"] = upstream.extractions
+            out["drained"] = drained
+            out["daemon_rss_mb"] = round(st["rss_bytes"] / 2**20, 1)
+        finally:
+            proc.terminate()
+            proc.wait(10)
+            d.cleanup()
+    return out
+
+
+def verdicts(on: dict[str, Any]) -> dict[str, bool]:
+    added_p99 = max(on["new_added_p99_ms"], on["same_added_p99_ms"])
+    return {"same_added_p50": on["same_added_p50_ms"] <= GOALS["same_added_p50_ms"],
+            "new_added_p50": on["new_added_p50_ms"] <= GOALS["new_added_p50_ms"],
+            "added_p99": added_p99 <= GOALS["added_p99_ms"],
+            "concurrent32": on["concurrent32_ratio"] >= GOALS["concurrent32_ratio"],
+            "ping_p99": on["ping_during_extraction"]["p99_ms"]
+            <= GOALS["ping_p99_during_extraction_ms"]}
+
+
+def main() -> None:
+    # the stub logs every HTTP request at debug level to this process's stdout: keep it quiet
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.INFO))
+    results: dict[str, Any] = {"goals": GOALS}
+    results["model_on"] = configuration(model=True)
+    results["model_off"] = configuration(model=False)
+    results["verdicts_model_on"] = verdicts(results["model_on"])
+    path = save("proxy", results)
+    for k, v in results.items():
+        print(f"{k}: {v}")
+    print(f"saved {path}")

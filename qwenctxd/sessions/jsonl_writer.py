@@ -82,6 +82,7 @@ class JsonlWriter:
         fsync: FsyncPolicy = "interval",
         fsync_interval: float = 1.0,
         parent_uuid: str | None | msgspec.UnsetType = msgspec.UNSET,
+        defer_dir_sync: bool = False,
     ) -> None:
         if fsync not in ("never", "always", "interval"):
             raise ValueError(f"fsync policy must be never|always|interval, not {fsync!r}")
@@ -96,6 +97,7 @@ class JsonlWriter:
         self._buf = bytearray()
         self._dirty = False
         self._last_sync = time.monotonic()
+        self._dir_pending = False
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         existed = self.path.exists()
         flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
@@ -123,8 +125,11 @@ class JsonlWriter:
             self.last_uuid: str | None = parent_uuid
             # tool-call id -> name, for the functionResponse of a later tool result
             self.tool_names: dict[str, str] = {}
-            if not existed and fsync != "never":
+            #: a new file's directory entry is made durable with its first fsync (or now)
+            self._dir_pending = not existed and fsync != "never"
+            if self._dir_pending and not defer_dir_sync:
                 self._fsync_dir()
+                self._dir_pending = False
         except BaseException:
             self.close()
             raise
@@ -342,6 +347,9 @@ class JsonlWriter:
         if self._fd is not None and self._dirty:
             os.fsync(self._fd)
             self._dirty = False
+        if self._dir_pending:
+            self._fsync_dir()
+            self._dir_pending = False
         self._last_sync = time.monotonic()
 
     def close(self, *, wait_s: float = 10.0) -> None:
@@ -358,6 +366,9 @@ class JsonlWriter:
             if self._dirty and self.fsync_policy != "never":
                 os.fsync(fd)
             self._dirty = False
+            if self._dir_pending:
+                self._fsync_dir()
+                self._dir_pending = False
         finally:
             os.close(fd)
 

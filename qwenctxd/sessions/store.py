@@ -67,8 +67,10 @@ class SessionStore:
     @staticmethod
     def writer_for(path: Path) -> jsonl_writer.JsonlWriter:
         """The appender of a live session: it never fsyncs by itself (``recorded`` paces the
-        background fsync; ``close_writer`` fsyncs)."""
-        return jsonl_writer.JsonlWriter(path, fsync="interval", fsync_interval=float("inf"))
+        background fsync; ``close_writer`` fsyncs), and a new file's directory entry is made
+        durable by that first background fsync too — not on session.open's path."""
+        return jsonl_writer.JsonlWriter(path, fsync="interval", fsync_interval=float("inf"),
+                                        defer_dir_sync=True)
 
     def resumed(self, s: Session, messages: list[dict[str, Any]]) -> None:
         """``s`` continues a recorded history: its writer learns the tool calls in it."""

@@ -221,7 +221,7 @@ class ChatExchange(Response):
             try:
                 sm.open_params = self._open_params(window)
                 prompt = await self._map(st)
-                appended = await sm.appended_text(st.session_id or "", self.cwd, self.model,
+                appended = await sm.appended_text(self.cwd, self.model,
                                                   prompt.get("prefix_hash", ""))
             except RemoteError as exc:
                 sm.forget(st)

@@ -55,7 +55,10 @@ class SessionMap:
     def __init__(self, daemon: Any) -> None:
         self.daemon = daemon  # an AsyncClient-like object with ``call(method, params)``
         self._states: OrderedDict[str, Mapped] = OrderedDict()
-        self._extra: dict[str, tuple[str, str]] = {}  # session -> (prefix_hash, appended text)
+        #: (cwd, model, prefix_hash) -> appended text: the sections depend on the project and
+        #: the daemon's system prompt only, so a new conversation in the same project reuses
+        #: them (no prompt.system on its first byte path)
+        self._extra: dict[tuple[str, str, str], str] = {}
         #: added to every session.open of the current request (the upstream's URL and window)
         self.open_params: dict[str, Any] = {}
 
@@ -172,13 +175,14 @@ class SessionMap:
         st.session_id, st.fps, st.awaiting, st.last_prompt, st.view = None, [], False, None, None
         st.roles, st.reply_failed = [], False
 
-    async def appended_text(self, session_id: str, cwd: str, model: str, prefix_hash: str
-                            ) -> str:
+    async def appended_text(self, cwd: str, model: str, prefix_hash: str) -> str:
         """The project's instructions and memory sections of the daemon's system prompt
-        (each behind its ``---`` separator), cached per session until the prefix changes."""
-        hit = self._extra.get(session_id)
-        if hit is not None and hit[0] == prefix_hash:
-            return hit[1]
+        (each behind its ``---`` separator), cached per project and system prompt (its
+        ``prefix_hash``): a changed prompt is fetched again."""
+        key = (cwd, model, prefix_hash)
+        hit = self._extra.get(key) if prefix_hash else None
+        if hit is not None:
+            return hit
         sp = await self.daemon.request(methods.PROMPT_SYSTEM,
                                        iwire.PromptSystemParams(cwd=cwd, model=model))
         text, pos, parts = sp.text, 0, []
@@ -189,7 +193,7 @@ class SessionMap:
         extra = "".join(parts)
         if len(self._extra) > MAX_CONVERSATIONS:
             self._extra.clear()
-        self._extra[session_id] = (prefix_hash, extra)
+        self._extra[key] = extra
         return extra
 
 
