@@ -8,7 +8,9 @@ endpoint when the model is on) and the proxy as a real process, then:
   to the same upstream, alternating request by request: for a new conversation (session.open
   + turn + prompt sections) and for turns of one growing conversation;
 * the throughput of 32 concurrent streamed conversations (5 turns each) through the proxy
-  against the same load sent straight upstream;
+  against the same load sent straight upstream — once with an upstream that answers at once
+  (a CPU contest between the stub and proxy + daemon on 2 cores), once at a model's pace
+  (``PACED``: a chunk every 2 ms);
 * with the model on: ``daemon.ping`` round trips on a connection of its own while an
   extraction runs (from the turn that schedules it until the daemon reports none in flight).
 
@@ -50,6 +52,9 @@ from qwenctxd.testing.spawn import SpawnedDaemon
 SYSTEM = "You are BenchBot."
 REPLY = Reply(content="A streamed answer of a few words, sent in small chunks. " * 4,
               chunk_chars=16)
+#: the same reply at a model's pace (a chunk every 2 ms: faster than llama.cpp decodes a
+#: small model on this machine), for the throughput at the upstream's pace
+PACED = Reply(content=REPLY.content, chunk_chars=16, chunk_delay_s=0.002)
 N = int(os.environ.get("BENCH_PROXY_N", "150"))
 EXTRACT_DELAY_S = 0.3
 PING_ROUNDS = 12
@@ -118,13 +123,14 @@ class Upstream:
     def __init__(self) -> None:
         self.memory_dir: Path | None = None
         self.extractions = 0
+        self.paced = False
         self._n = itertools.count()
 
     def __call__(self, body: dict[str, Any]) -> Reply:
         msgs = body.get("messages") or []
         system = str(msgs[0].get("content")) if msgs and isinstance(msgs[0], dict) else ""
         if "memory extractor" not in system:
-            return REPLY if body.get("stream") else Reply(content="ok")
+            return (PACED if self.paced else REPLY) if body.get("stream") else Reply(content="ok")
         if any(isinstance(m, dict) and m.get("role") == "tool" for m in msgs) \
                 or self.memory_dir is None:
             return Reply(content="Saved one memory.")
@@ -169,7 +175,7 @@ def ping_during_extraction(d: SpawnedDaemon, proxy_url: str, key: str) -> dict[s
             "rounds_with_extraction": rounds_with_extraction, **stats(pings)}
 
 
-def measure(direct_url: str, proxy_url: str, key: str) -> dict[str, Any]:
+def measure(direct_url: str, proxy_url: str, key: str, upstream: Upstream) -> dict[str, Any]:
     out: dict[str, Any] = {"n": N}
     with httpx.Client(timeout=60) as c:
         for _ in range(10):  # warm up both paths
@@ -204,6 +210,15 @@ def measure(direct_url: str, proxy_url: str, key: str) -> dict[str, Any]:
     out["concurrent32_direct_req_per_s"] = round(direct_rps, 1)
     out["concurrent32_proxy_req_per_s"] = round(proxy_rps, 1)
     out["concurrent32_ratio"] = round(proxy_rps / direct_rps, 3)
+    upstream.paced = True
+    try:
+        direct_rps = asyncio.run(conversations(direct_url, "x", 32, 5))
+        proxy_rps = asyncio.run(conversations(proxy_url, key, 32, 5))
+    finally:
+        upstream.paced = False
+    out["concurrent32_paced_direct_req_per_s"] = round(direct_rps, 1)
+    out["concurrent32_paced_proxy_req_per_s"] = round(proxy_rps, 1)
+    out["concurrent32_paced_ratio"] = round(proxy_rps / direct_rps, 3)
     return out
 
 
@@ -273,7 +288,7 @@ def configuration(model: bool) -> dict[str, Any]:
                 upstream.memory_dir = Path(roots["project"])
                 configured = c.call("daemon.status")["model"]
             with profiled(model, {"daemon": d.proc.pid, "proxy": proc.pid}) as profile:
-                out = measure(stub.base_url, purl, key)
+                out = measure(stub.base_url, purl, key, upstream)
             out.update(profile)
             if model:
                 out["ping_during_extraction"] = ping_during_extraction(d, purl, key)

@@ -11,6 +11,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 ROLES = ("system", "user", "assistant", "tool")
 MESSAGE_FIELDS = frozenset({
     "role", "content", "name", "tool_calls", "tool_call_id", "reasoning_content", "reasoning",
@@ -105,17 +107,25 @@ def parse(messages: Any) -> Conversation:
     return Conversation(system="\n\n".join(p for p in system_parts if p), dialogue=dialogue)
 
 
-def fingerprint(m: dict[str, Any]) -> str:
+_SORTED = msgspec.json.Encoder(order="sorted")
+
+
+def fingerprint(m: dict[str, Any]) -> bytes:
     """Loose identity of a client message: assistant replies by their tool-call ids only
-    (clients re-serialise replies in their own way), others by role and content."""
+    (clients re-serialise replies in their own way), others by role and content. Every
+    request fingerprints its whole history, so this is kept cheap: plain text is hashed as
+    it is, anything else as sorted-key JSON (msgspec); the identities live only in this
+    process's memory."""
     role = m["role"]
     if role == "assistant":
-        key: Any = ["a", [c.get("id") for c in m.get("tool_calls") or []]]
+        key = b"a" + _SORTED.encode([c.get("id") for c in m.get("tool_calls") or []])
     elif role == "tool":
-        key = ["t", m.get("tool_call_id"), m.get("content")]
+        key = b"t" + _SORTED.encode([m.get("tool_call_id"), m.get("content")])
     else:
-        key = ["u", m.get("content")]
-    return hashlib.sha1(_canon(key).encode()).hexdigest()
+        content = m.get("content")
+        key = b"us" + content.encode("utf-8", "surrogatepass") if isinstance(content, str) \
+            else b"uj" + _SORTED.encode(content)
+    return hashlib.sha1(key).digest()
 
 
 @dataclass

@@ -38,7 +38,7 @@ SEPARATOR = "\n\n---\n\n"
 class Mapped:
     key: str
     session_id: str | None = None
-    fps: list[str] = field(default_factory=list)
+    fps: list[bytes] = field(default_factory=list)
     roles: list[str] = field(default_factory=list)  # the role of each mapped message
     #: the last recorded reply was no answer (empty, cut off, or out of token budget): a
     #: client that asks again retries in the same session instead of regenerating into a
