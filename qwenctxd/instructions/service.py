@@ -186,8 +186,7 @@ class InstructionsService:
         root = project.root
         if root is None:
             return ""
-        prints = tuple(assemble.fingerprint(p) for p in
-                       (*_git_files(root), *_index_files(root), root))
+        prints = tuple(assemble.fingerprint(p) for p in (*_git_files(root, index=True), root))
         now = time.monotonic()
         hit = self._snapshots.get(root)
         if hit is not None and now - hit[0] <= GIT_SNAPSHOT_REUSE_S and hit[1] == prints:
@@ -356,19 +355,14 @@ def _git_deps(root: Path) -> dict[Path, set[str]]:
     return deps
 
 
-def _index_files(root: Path) -> list[Path]:
-    """The work tree's index: staging, or a checkout, moves it."""
-    gitdir = gitinfo.resolve_git_dir(root)
-    return [] if gitdir is None else [gitdir / "index"]
-
-
-def _git_files(root: Path) -> list[Path]:
-    """The files whose change means the git section is stale (HEAD, branch ref, packed-refs)."""
+def _git_files(root: Path, *, index: bool = False) -> list[Path]:
+    """The files whose change means the git section is stale (HEAD, branch ref, packed-refs);
+    with ``index``, the work tree's index too (staging or a checkout moves it)."""
     gitdir = gitinfo.resolve_git_dir(root)
     if gitdir is None:
         return []
     common = gitinfo.resolve_common_dir(root) or gitdir
-    files = [gitdir / "HEAD", common / "packed-refs"]
+    files = [gitdir / "HEAD", common / "packed-refs", *([gitdir / "index"] if index else [])]
     head = gitinfo.read_head(root)
     if head and not all(c in "0123456789abcdef" for c in head):
         files.append(common / "refs" / "heads" / head)

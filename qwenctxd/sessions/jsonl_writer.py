@@ -127,9 +127,8 @@ class JsonlWriter:
             self.tool_names: dict[str, str] = {}
             #: a new file's directory entry is made durable with its first fsync (or now)
             self._dir_pending = not existed and fsync != "never"
-            if self._dir_pending and not defer_dir_sync:
-                self._fsync_dir()
-                self._dir_pending = False
+            if not defer_dir_sync:
+                self._sync_dir_if_pending()
         except BaseException:
             self.close()
             raise
@@ -347,9 +346,7 @@ class JsonlWriter:
         if self._fd is not None and self._dirty:
             os.fsync(self._fd)
             self._dirty = False
-        if self._dir_pending:
-            self._fsync_dir()
-            self._dir_pending = False
+        self._sync_dir_if_pending()
         self._last_sync = time.monotonic()
 
     def close(self, *, wait_s: float = 10.0) -> None:
@@ -366,9 +363,7 @@ class JsonlWriter:
             if self._dirty and self.fsync_policy != "never":
                 os.fsync(fd)
             self._dirty = False
-            if self._dir_pending:
-                self._fsync_dir()
-                self._dir_pending = False
+            self._sync_dir_if_pending()
         finally:
             os.close(fd)
 
@@ -384,6 +379,11 @@ class JsonlWriter:
         while n < len(data):  # a regular file takes the whole line at once; short writes are rare
             data = bytes(data[n:])
             n = os.write(self._fd, data)
+
+    def _sync_dir_if_pending(self) -> None:
+        if self._dir_pending:
+            self._fsync_dir()
+            self._dir_pending = False
 
     def _fsync_dir(self) -> None:
         with contextlib.suppress(OSError):
