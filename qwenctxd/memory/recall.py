@@ -2,7 +2,8 @@
 
 1. **lexical** — BM25 over the FTS5 index (:mod:`~qwenctxd.memory.lexical`);
 2. **semantic** — cosine over each memory field's vectors, per embedder
-   (:mod:`~qwenctxd.memory.semantic`), waited for a bounded time;
+   (:mod:`~qwenctxd.memory.semantic`), waited for a bounded time; it runs beside the lexical
+   tier (the query's embedding in the worker process, the product in a thread);
 3. **fusion** of those lists (:mod:`~qwenctxd.memory.fusion`) — a memory containing an
    identifier the query names (``marker0152``, ``ERR_CONN_RESET``) goes before ones that only
    sound alike — then the **selector**: with a
@@ -88,6 +89,7 @@ class Corpus:
     lexical: LexicalIndex
     generation: int
     semantic_on: bool
+    by_path: dict[str, store.MemoryDoc] | None = None  # docs by str(path), if the caller keeps it
 
 
 def _ms(started: float) -> float:
@@ -105,31 +107,44 @@ async def recall(corpus: Corpus, query: str, *, model: ModelClient,
     if not query.strip() or not corpus.docs or is_noise_query(query):
         # nothing to match on (noise such as one CJK character): no recall at all
         return RecallOutcome(strategy="none", docs=[], prompt="")
-    by_path = {str(d.path): d for d in corpus.docs}
+    by_path = corpus.by_path if corpus.by_path is not None else {
+        str(d.path): d for d in corpus.docs}
     excluded = set(exclude)
     aliases = render.tool_aliases(active_tools)
     tiers: list[dict[str, Any]] = []
 
-    started = time.monotonic()
-    hits = await corpus.lexical.search(query, limit=LEXICAL_CANDIDATES, exclude=list(excluded))
-    lexical = [(h.path, h.score) for h in hits if h.path in by_path]
-    tiers.append({"name": "lexical", "status": "ok", "ms": _ms(started)})
-    aliases_ok = lambda path: not render.is_tool_noise(by_path[path], aliases)  # noqa: E731
-    scores = {h.path: h.score for h in hits}
-    if on_fused is not None:  # the lexical answer first: a turn that cannot wait takes it
-        on_fused(_outcome("heuristic", [e for e in fusion.rrf(lexical, {})
-                                        if aliases_ok(e.path)][:limit],
-                          by_path, scores, list(tiers), {}))
+    semantic_active = semantic is not None and corpus.semantic_on
+    answered: dict[str, Any] = {}
 
-    started = time.monotonic()
+    async def semantic_tier() -> None:  # runs beside the lexical tier (worker, thread)
+        assert semantic is not None
+        started = time.monotonic()
+        answered["rank"] = await semantic.rank(
+            corpus.key, query, generation=corpus.generation, wait_s=SEMANTIC_WAIT_S,
+            limit=SEMANTIC_CANDIDATES, exclude=excluded)
+        answered["ms"] = _ms(started)
+
+    async with anyio.create_task_group() as tg:
+        if semantic_active:
+            tg.start_soon(semantic_tier)
+        started = time.monotonic()
+        hits = await corpus.lexical.search(query, limit=LEXICAL_CANDIDATES,
+                                           exclude=list(excluded))
+        lexical = [(h.path, h.score) for h in hits if h.path in by_path]
+        tiers.append({"name": "lexical", "status": "ok", "ms": _ms(started)})
+        aliases_ok = lambda path: not render.is_tool_noise(by_path[path], aliases)  # noqa: E731
+        scores = {h.path: h.score for h in hits}
+        if on_fused is not None:  # the lexical answer first: a turn that cannot wait takes it
+            on_fused(_outcome("heuristic", [e for e in fusion.rrf(lexical, {})
+                                            if aliases_ok(e.path)][:limit],
+                              by_path, scores, list(tiers), {}))
+
     ranked: dict[str, list[tuple[str, float]]] = {}
-    if semantic is None or not corpus.semantic_on:
+    if not semantic_active:
         tiers.append({"name": "semantic", "status": "off", "ms": 0.0,
                       "detail": "memory.recall.semantic is false" if semantic else None})
     else:
-        ranked, problem = await semantic.rank(
-            corpus.key, query, generation=corpus.generation, wait_s=SEMANTIC_WAIT_S,
-            limit=SEMANTIC_CANDIDATES, exclude=excluded)
+        ranked, problem = answered["rank"]
         ranked = {k: [(p, c) for p, c in v if p in by_path] for k, v in ranked.items()}
         keep = admitted(ranked, {p for p, _ in lexical})
         ranked = {k: [(p, c) for p, c in v if p in keep] for k, v in ranked.items()}
@@ -137,7 +152,7 @@ async def recall(corpus: Corpus, query: str, *, model: ModelClient,
             status = "ok"
         else:
             status = "late" if problem in ("building", "late", "not_built") else "failed"
-        tier: dict[str, Any] = {"name": "semantic", "status": status, "ms": _ms(started)}
+        tier: dict[str, Any] = {"name": "semantic", "status": status, "ms": answered["ms"]}
         if problem:
             tier["detail"] = problem
         if ranked:

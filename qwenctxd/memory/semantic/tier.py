@@ -69,6 +69,12 @@ class _Matrix:
     starts: Any  # (len(paths),) first row of each document
 
 
+def _similarities(m: _Matrix, q: Any) -> Any:
+    """Each document's best field cosine with ``q`` (rows are L2-normalised)."""
+    np = numpy_module()
+    return np.maximum.reduceat(m.matrix @ q, m.starts)
+
+
 @dataclass
 class TierState:
     """What :meth:`SemanticIndex.status` reports per embedder."""
@@ -178,7 +184,8 @@ class SemanticIndex:
             except EmbedderUnavailable as exc:
                 failed[emb.key] = str(exc)
                 continue
-            sims = np.maximum.reduceat(m.matrix @ q, m.starts)
+            # off the event loop: memory-bound (the whole matrix is read), numpy drops the GIL
+            sims = await anyio.to_thread.run_sync(_similarities, m, q)
             n = min(len(sims), limit + len(exclude or ()))
             top = np.argpartition(-sims, n - 1)[:n] if n < len(sims) else np.arange(len(sims))
             ranked = sorted(((m.paths[i], float(sims[i])) for i in top), key=lambda x: -x[1])
