@@ -15,6 +15,7 @@ approximate index (HNSW) would be the next step.
 
 from __future__ import annotations
 
+import ctypes
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -67,6 +68,15 @@ class _Matrix:
     paths: list[str]
     matrix: Any  # (rows, dim) float32
     starts: Any  # (len(paths),) first row of each document
+
+
+def release_freed_heap() -> None:
+    """Give the heap a build freed back to the system (glibc keeps it otherwise: the texts,
+    hashes and replies of a 10 000-memory build are tens of MB the daemon would hold)."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to do
+        pass
 
 
 def _similarities(m: _Matrix, q: Any) -> Any:
@@ -128,6 +138,8 @@ class SemanticIndex:
             if keep:
                 await self.cache.prune(keep)
             self.generation = generation
+            del texts, keep
+            await anyio.to_thread.run_sync(release_freed_heap)
 
     async def _build(self, emb: Embedder, model: str, dim: int,
                      texts: list[tuple[str, list[str]]]) -> _Matrix:
