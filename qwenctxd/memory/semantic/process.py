@@ -22,6 +22,7 @@ import structlog
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from qwenctxd.memory.semantic.blas import numpy_module
+from qwenctxd.paths import state_dir
 
 log = structlog.get_logger("qwenctxd.memory.embedder")
 HEADER = struct.Struct(">I")
@@ -118,6 +119,7 @@ class EmbedderProcess:
                 f"the embedding worker died twice within {RESTART_WINDOW_S:.0f} s "
                 f"({self.last_error}); retrying later", "down")
         env = dict(os.environ if self._env is None else self._env)
+        env.setdefault("QWENCTXD_MODEL_CACHE", str(state_dir() / "models"))
         try:
             self._proc = await anyio.open_process(self._command, env=env,
                                                   stderr=None)

