@@ -352,3 +352,35 @@ async def test_naming_counts_the_identifier_phrases_each_document_contains(tmp_p
         # the tokens out of order are not the identifier; a path outside the list is not counted
         assert await ix.naming(groups, everyone[:3]) == {}
         assert await ix.naming([], everyone) == {}
+
+
+@pytest.mark.asyncio
+async def test_the_fast_ranking_query_equals_the_joined_one(tmp_path: Path) -> None:
+    """Without type boosts or scopes, search ranks inside FTS5 and joins only its top rows;
+    on a corpus with many equal scores (duplicated texts, newest first) and excluded paths it
+    answers exactly what the general query (every match joined, here forced by naming every
+    scope) answers."""
+    import random
+
+    rng = random.Random(5)
+    words = ["deploy", "staging", "rollback", "cluster", "migration", "release", "certificate",
+             "部署", "预发环境", "本番環境", "token", "cache"]
+    docs = []
+    for i in range(400):
+        text = " ".join(rng.choice(words) for _ in range(rng.randint(2, 9)))
+        if i % 7 == 0 and docs:  # a duplicate of an earlier text: the same score, newer
+            text = docs[rng.randrange(len(docs))].body
+        docs.append(Doc(f"/m/project/project/m{i:03}.md", name=f"memo {i}", body=text,
+                        mtime=1000.0 + i))
+    async with LexicalIndex(tmp_path / "lexical.sqlite") as idx:
+        await idx.sync(docs)
+        for query in ("deploy staging", "rollback migration release", "部署 cache",
+                      "certificate token cluster", "本番環境"):
+            for limit in (1, 5, 40, 180):
+                for exclude in ([], [d.path for d in docs[::9]]):
+                    fast = await idx.search(query, limit=limit, exclude=exclude)
+                    joined = await idx.search(query, limit=limit, exclude=exclude,
+                                              scopes=["project", "user", "team"])
+                    assert fast == joined, (query, limit, len(exclude))
+                    assert len(fast) == min(limit, len(joined))
+                    assert not {h.path for h in fast} & set(exclude)
