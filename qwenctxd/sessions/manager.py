@@ -122,42 +122,51 @@ class SessionManager:
             tools=tools,
             tool_roles=tool_roles.classify(tools), agent=agent, keep_reasoning=keep,
             own_skill=not any(tool_roles.tool_name(t) == SKILL_NAME for t in client_tools))
-        s = Session(
-            id=session_id, cwd=cwd, project=project, model=p.model, options=opts, env=env,
-            path=path, model_base_url=p.model_base_url,
-            writer=self.store.writer_for(path),
-            history=History(image_tokens=int(self._environ.get("QWEN_IMAGE_TOKEN_ESTIMATE", 0))
-                            or settings.model.chat_compression.image_token_estimate),
-        )
-        options = {"windowTokens": window, "windowSource": window_source, "tools": client_tools,
-                   "agent": agent, "keepReasoning": keep, "autoCompactThreshold": pct}
-        if options != saved:
-            self.store.record(s, {}, subtype=records.SUBTYPE_OPTIONS, payload=options)
-        warnings: list[str] = []
-        torn: list[int] = []
-        if state is not None:
-            s.replace_history(state.messages)
-            self.store.resumed(s, state.messages)
-            s.title = state.title
-            s.started_at = records.parse_time(state.started_at) or s.started_at
-            s.updated_at = records.parse_time(state.updated_at) or s.updated_at
-            if state.last_usage and state.anchor_index is not None:
-                from qwenctxd.sessions.state import Anchor
+        # the file's creation off the event loop: an O_CREAT waits on the filesystem journal
+        # while other sessions' fsyncs commit it (py-spy under bench/proxy.py: 0.7 ms a new
+        # session on the loop thread, every other request waiting behind it)
+        with anyio.CancelScope(shield=True):  # a cancelled open must not drop an open fd
+            writer = await anyio.to_thread.run_sync(self.store.writer_for, path)
+        try:
+            s = Session(
+                id=session_id, cwd=cwd, project=project, model=p.model, options=opts, env=env,
+                path=path, model_base_url=p.model_base_url,
+                writer=writer,
+                history=History(image_tokens=int(self._environ.get("QWEN_IMAGE_TOKEN_ESTIMATE", 0))
+                                or settings.model.chat_compression.image_token_estimate),
+            )
+            options = {"windowTokens": window, "windowSource": window_source, "tools": client_tools,
+                       "agent": agent, "keepReasoning": keep, "autoCompactThreshold": pct}
+            if options != saved:
+                self.store.record(s, {}, subtype=records.SUBTYPE_OPTIONS, payload=options)
+            warnings: list[str] = []
+            torn: list[int] = []
+            if state is not None:
+                s.replace_history(state.messages)
+                self.store.resumed(s, state.messages)
+                s.title = state.title
+                s.started_at = records.parse_time(state.started_at) or s.started_at
+                s.updated_at = records.parse_time(state.updated_at) or s.updated_at
+                if state.last_usage and state.anchor_index is not None:
+                    from qwenctxd.sessions.state import Anchor
 
-                u = state.last_usage
-                s.usage.anchor = Anchor(total=int(u.get("prompt_tokens", 0))
-                                  + int(u.get("completion_tokens", 0)),
-                                  index=state.anchor_index, system_tokens=0)
-            torn = [t.line_no for t in state.torn]
-            for t in state.torn:
-                warnings.append(f"skipped unreadable line {t.line_no} of {path.name}: {t.reason}")
-        from qwenctxd.sessions import shared_file
+                    u = state.last_usage
+                    s.usage.anchor = Anchor(total=int(u.get("prompt_tokens", 0))
+                                      + int(u.get("completion_tokens", 0)),
+                                      index=state.anchor_index, system_tokens=0)
+                torn = [t.line_no for t in state.torn]
+                for t in state.torn:
+                    warnings.append(f"skipped unreadable line {t.line_no} of {path.name}: {t.reason}")
+            from qwenctxd.sessions import shared_file
 
-        for holder in await anyio.to_thread.run_sync(shared_file.holders, project.qwen_home,
-                                                     session_id):
-            warnings.append(shared_file.held_warning(holder))
-        s.git_snapshot = await self.instructions.git_snapshot(project)
-        self.sessions[session_id] = s
+            for holder in await anyio.to_thread.run_sync(shared_file.holders, project.qwen_home,
+                                                         session_id):
+                warnings.append(shared_file.held_warning(holder))
+            s.git_snapshot = await self.instructions.git_snapshot(project)
+            self.sessions[session_id] = s
+        except BaseException:  # not registered: nobody else would close it
+            writer.close()
+            raise
         self._opened_at[session_id] = time.time()
         sp = await self.system_prompt(s)
         from qwenctxd.tokens import system_tokens
