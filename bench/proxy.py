@@ -10,7 +10,8 @@ endpoint when the model is on) and the proxy as a real process, then:
 * the throughput of 32 concurrent streamed conversations (5 turns each) through the proxy
   against the same load sent straight upstream — once with an upstream that answers at once
   (a CPU contest between the stub and proxy + daemon on 2 cores), once at a model's pace
-  (``PACED``: a chunk every 2 ms);
+  (``PACED``: a chunk every 2 ms), and once at a local model's pace (``MODEL_PACE``: a chunk
+  every 20 ms, where the upstream and not the CPU sets the rate);
 * with the model on: ``daemon.ping`` round trips on a connection of its own while an
   extraction runs (from the turn that schedules it until the daemon reports none in flight).
 
@@ -55,6 +56,9 @@ REPLY = Reply(content="A streamed answer of a few words, sent in small chunks. "
 #: the same reply at a model's pace (a chunk every 2 ms: faster than llama.cpp decodes a
 #: small model on this machine), for the throughput at the upstream's pace
 PACED = Reply(content=REPLY.content, chunk_chars=16, chunk_delay_s=0.002)
+#: at a local model's pace (a chunk of ~4 tokens every 20 ms, ~200 tokens/s): the upstream, not
+#: the CPU, sets the rate — does the proxy keep 32 streams flowing at it?
+MODEL_PACE = Reply(content=REPLY.content, chunk_chars=16, chunk_delay_s=0.02)
 N = int(os.environ.get("BENCH_PROXY_N", "150"))
 EXTRACT_DELAY_S = 0.3
 PING_ROUNDS = 12
@@ -99,17 +103,26 @@ def stats(samples: list[float]) -> dict[str, float]:
             "p99_ms": round(percentile(samples, 0.99), 3)}
 
 
-async def conversations(url: str, key: str, n_conv: int, turns: int) -> float:
+async def conversations(url: str, key: str, n_conv: int, turns: int,
+                        timings: dict[str, list[float]] | None = None) -> float:
+    """Requests per second of ``n_conv`` concurrent streamed conversations of ``turns`` turns;
+    ``timings`` collects each request's time to first byte and to its end (ms)."""
     async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=64)) as c:
         async def one(i: int) -> None:
             msgs: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}]
             for t in range(turns):
                 msgs.append({"role": "user", "content": f"conv {i} {time.time_ns()} turn {t}"})
+                t0 = time.perf_counter()
+                first: float | None = None
                 async with c.stream("POST", url + "/chat/completions", headers={
                         "authorization": f"Bearer {key}"}, json={
                         "model": "bench", "stream": True, "messages": msgs}) as r:
                     async for _ in r.aiter_raw():
-                        pass
+                        first = first or time.perf_counter()
+                if timings is not None:
+                    kind = "first_byte_new" if t == 0 else "first_byte_later"
+                    timings.setdefault(kind, []).append(((first or t0) - t0) * 1000)
+                    timings.setdefault("whole", []).append((time.perf_counter() - t0) * 1000)
                 msgs.append({"role": "assistant", "content": REPLY.content})
 
         t0 = time.perf_counter()
@@ -123,14 +136,14 @@ class Upstream:
     def __init__(self) -> None:
         self.memory_dir: Path | None = None
         self.extractions = 0
-        self.paced = False
+        self.paced: Reply | None = None  # the streamed reply instead of REPLY
         self._n = itertools.count()
 
     def __call__(self, body: dict[str, Any]) -> Reply:
         msgs = body.get("messages") or []
         system = str(msgs[0].get("content")) if msgs and isinstance(msgs[0], dict) else ""
         if "memory extractor" not in system:
-            return (PACED if self.paced else REPLY) if body.get("stream") else Reply(content="ok")
+            return (self.paced or REPLY) if body.get("stream") else Reply(content="ok")
         if any(isinstance(m, dict) and m.get("role") == "tool" for m in msgs) \
                 or self.memory_dir is None:
             return Reply(content="Saved one memory.")
@@ -210,15 +223,19 @@ def measure(direct_url: str, proxy_url: str, key: str, upstream: Upstream) -> di
     out["concurrent32_direct_req_per_s"] = round(direct_rps, 1)
     out["concurrent32_proxy_req_per_s"] = round(proxy_rps, 1)
     out["concurrent32_ratio"] = round(proxy_rps / direct_rps, 3)
-    upstream.paced = True
-    try:
-        direct_rps = asyncio.run(conversations(direct_url, "x", 32, 5))
-        proxy_rps = asyncio.run(conversations(proxy_url, key, 32, 5))
-    finally:
-        upstream.paced = False
-    out["concurrent32_paced_direct_req_per_s"] = round(direct_rps, 1)
-    out["concurrent32_paced_proxy_req_per_s"] = round(proxy_rps, 1)
-    out["concurrent32_paced_ratio"] = round(proxy_rps / direct_rps, 3)
+    for name, reply in (("paced", PACED), ("model_pace", MODEL_PACE)):
+        upstream.paced = reply
+        timed: dict[str, dict[str, list[float]]] = {"direct": {}, "proxy": {}}
+        try:
+            direct_rps = asyncio.run(conversations(direct_url, "x", 32, 5, timed["direct"]))
+            proxy_rps = asyncio.run(conversations(proxy_url, key, 32, 5, timed["proxy"]))
+        finally:
+            upstream.paced = None
+        for way, t in timed.items():
+            out[f"concurrent32_{name}_{way}_ms"] = {k: stats(v) for k, v in t.items()}
+        out[f"concurrent32_{name}_direct_req_per_s"] = round(direct_rps, 1)
+        out[f"concurrent32_{name}_proxy_req_per_s"] = round(proxy_rps, 1)
+        out[f"concurrent32_{name}_ratio"] = round(proxy_rps / direct_rps, 3)
     return out
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import stat
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -181,6 +182,23 @@ class SessionIndex(CacheDatabase):
             )
             await db.commit()
             return cur.rowcount > 0
+
+    async def touch_many(
+        self, rows: Sequence[tuple[str, str | None, int, int, int, str | None]],
+    ) -> None:
+        """:meth:`touch` for many sessions in one transaction: ``(session_id, updated_at,
+        messages, size, mtime_ns, title)`` each; rows no longer indexed are skipped."""
+        if not rows:
+            return
+        db = self._conn()
+        assert self._lock is not None
+        async with self._lock:
+            await db.executemany(
+                "UPDATE sessions SET updated_at = ?, messages = ?, size = ?, mtime_ns = ?, "
+                "title = COALESCE(?, title) WHERE session_id = ?",
+                [(updated, messages, size, mtime, title, sid)
+                 for sid, updated, messages, size, mtime, title in rows])
+            await db.commit()
 
     async def delete(self, session_id: str) -> bool:
         db = self._conn()

@@ -49,6 +49,8 @@ class SessionStore:
         self.tasks = tasks
         self.record_hooks = tuple(record_hooks)  # told each file a record was appended to
         self._last_fsync: dict[str, float] = {}  # session id → monotonic time of its last job
+        #: per project, the sessions whose index rows wait for the next batched touch
+        self._touches: dict[str, dict[str, Session]] = {}
 
     # -- lifecycle ----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -123,22 +125,37 @@ class SessionStore:
     # -- the index ------------------------------------------------------------------------------
     async def upsert(self, s: Session) -> None:
         """Write ``s``'s whole index row."""
+        size, mtime_ns = _size_mtime(s.path)
         summary = records.SessionSummary(
             session_id=s.id, path=str(s.path), cwd=str(s.cwd), started_at=iso(s.started_at),
             updated_at=iso(s.updated_at), messages=len(s.history.messages), title=s.title,
-            size=_size(s.path), mtime_ns=_mtime(s.path))
+            size=size, mtime_ns=mtime_ns)
         await self.index.upsert(summary, project=str(s.project.anchor))
 
     def schedule_touch(self, s: Session) -> None:
-        """Refresh ``s``'s index row (time, size, messages, title) in a background job."""
+        """Refresh ``s``'s index row (time, size, messages, title) in a background job. The
+        touches of a project's sessions are batched: one job writes every row touched since the
+        last one, in one transaction (32 concurrent conversations: one commit instead of one
+        per turn, the aiosqlite thread being the daemon's busiest under that load)."""
         if not self.tasks.accepting:
             return
+        project = str(s.project.anchor)
+        pending = self._touches.setdefault(project, {})
+        if not pending:  # the first since the last batch took its rows: one job for them all
+            self.tasks.submit("index", lambda: self._write_touches(project),
+                              key=f"index-touches:{project}", project=project)
+        pending[s.id] = s
 
-        async def touch() -> None:
-            await self.index.touch(s.id, updated_at=iso(s.updated_at), messages=len(s.history.messages),
-                                   size=_size(s.path), mtime_ns=_mtime(s.path), title=s.title)
-
-        self.tasks.submit("index", touch, key=f"index:{s.id}", project=str(s.project.anchor))
+    async def _write_touches(self, project: str) -> None:
+        batch = list(self._touches.pop(project, {}).values())
+        if not batch:
+            return
+        rows = [(s.id, iso(s.updated_at), len(s.history.messages), s.title, s.path)
+                for s in batch]
+        stats = await anyio.to_thread.run_sync(lambda: [_size_mtime(r[4]) for r in rows])
+        await self.index.touch_many([(sid, updated, messages, size, mtime, title)
+                                     for (sid, updated, messages, title, _), (size, mtime)
+                                     in zip(rows, stats, strict=True)])
 
     async def rows(self, project: str | None) -> list[dict[str, Any]]:
         """The index rows (of ``project``'s sessions, or all), after a re-sync from the files."""
@@ -199,18 +216,12 @@ def _fsync(writer: jsonl_writer.JsonlWriter) -> None:
         pass
 
 
-def _size(path: Path) -> int:
+def _size_mtime(path: Path) -> tuple[int, int]:
     try:
-        return path.stat().st_size
+        st = path.stat()
     except OSError:
-        return 0
-
-
-def _mtime(path: Path) -> int:
-    try:
-        return path.stat().st_mtime_ns
-    except OSError:
-        return 0
+        return 0, 0
+    return st.st_size, st.st_mtime_ns
 
 
 def _locate(session_id: str, cwd: Path, hint: Path | None) -> Path | None:
