@@ -11,6 +11,7 @@ bench/recall_quality.py checks the same through the socket.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,7 +45,10 @@ async def tier_lists(devset: DevSet, layout: Layout, queries: list[Query] | None
     docs = scanned_docs(layout)
     queries = queries if queries is not None else list(devset.queries)
     out: dict[str, Lists] = {}
-    process = EmbedderProcess()
+    # the worker's derived model files (the embedding table's copy) in the scratch HOME, not
+    # in the user's state dir
+    process = EmbedderProcess(env={**os.environ,
+                                   "QWENCTXD_MODEL_CACHE": str(layout.home / "models")})
     try:
         async with contextlib.AsyncExitStack() as stack:
             for project in PROJECTS:

@@ -131,7 +131,10 @@ def test_qwen_code_on_a_local_model_through_the_proxy(
             proc = cli.run(prompt="What is the deploy gate called? One short sentence.",
                            timeout=1200, extra_env={"QWEN_STREAM_IDLE_TIMEOUT_MS": "1200000"})
             proxy_log = proxy.log_text()
-            d.call("daemon.drain", {"timeout_s": 60})
+            # the client waits longer than the drain may (its default read timeout is 30 s; the
+            # extraction on the one-slot local server can take most of the drain's minute)
+            with d.client(timeout=90) as c:
+                c.call("daemon.drain", {"timeout_s": 60})
         finally:
             proxy.stop()
     assert proc.returncode == 0, (proc.stdout, proc.stderr, proxy_log[-3000:])
@@ -155,4 +158,5 @@ def test_qwen_code_on_a_local_model_through_the_proxy(
     # retries in the same session, not regenerates
     titles = [s.get("title") or "" for s in sessions]
     assert all(t.startswith("What is the deploy gate") for t in titles), titles
-    assert len(sessions) == 1, [(s.get("title"), s.get("messages")) for s in sessions]
+    assert len(sessions) == 1, ([(s.get("title"), s.get("messages")) for s in sessions],
+                                proxy_log[-4000:])
