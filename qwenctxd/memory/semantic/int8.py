@@ -39,7 +39,7 @@ def quantise(vectors: Any) -> tuple[Any, Any]:
     scales = np.empty(n, dtype=np.float32)
     for start in range(0, n, CHUNK):
         block = np.asarray(vectors[start:start + CHUNK], dtype=np.float32)
-        s = np.abs(block).max(axis=1) / 127.0 if block.size else np.zeros(0, np.float32)
+        s = np.abs(block).max(axis=1) / 127.0
         s[s == 0] = 1.0
         scales[start:start + len(block)] = s
         rows[start:start + len(block)] = np.rint(block / s[:, None])

@@ -4,7 +4,7 @@
 tokenizer whose 128 000-piece vocabulary sits in a flat ``prefix -> piece id`` dict: every
 piece and every prefix of one a Python string — 45 MB of the embedding worker's ~95 MB. This
 keeps the package's normaliser and its exact Viterbi (same lattice, same tie-breaking, so the
-same ids: tests/test_use_tokenizer.py compares both on the dev set and random text) and
+same ids: tests/test_semantic_compact.py compares both on the dev set and random text) and
 stores the vocabulary in a MARISA trie (``marisa-trie``, a C++ succinct trie): one
 ``iter_prefixes_with_ids`` call per position gives the pieces starting there, in increasing
 length, as the dict walk did.
@@ -20,10 +20,6 @@ from array import array
 from typing import Any
 
 
-def _fields(pt: Any, data: bytes, start: int, end: int) -> Any:
-    return pt._parse_fields(data, start, end)
-
-
 class CompactUseTokenizer:
     """``UsePureTokenizer``'s interface (``encode``, ``vocab_size``) over a MARISA trie."""
 
@@ -33,11 +29,11 @@ class CompactUseTokenizer:
 
         with open(model_path, "rb") as f:
             data = f.read()
-        top = _fields(pt, data, 0, len(data))
+        top = pt._parse_fields(data, 0, len(data))
         pieces: list[str] = []
         scores = array("f")
         for st, ln in top[1]:  # the legacy layout: field 1 repeats the pieces inline
-            piece = _fields(pt, data, st, st + ln)
+            piece = pt._parse_fields(data, st, st + ln)
             if 1 in piece:
                 ps, pl = piece[1][0]
                 pieces.append(data[ps:ps + pl].decode("utf-8"))
@@ -58,7 +54,7 @@ class CompactUseTokenizer:
         charsmap = None
         if 3 in top:  # trainer_spec -> its field 2: the precompiled charsmap
             st3, ln3 = top[3][0]
-            spec = _fields(pt, data, st3, st3 + ln3)
+            spec = pt._parse_fields(data, st3, st3 + ln3)
             if 2 in spec:
                 charsmap = data[spec[2][0][0]:spec[2][0][0] + spec[2][0][1]]
         self._normalizer = pt._Normalizer(charsmap)
