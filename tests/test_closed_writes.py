@@ -118,23 +118,59 @@ async def test_a_removed_directory_is_reported_and_watched_again_when_made_again
         tg.cancel_scope.cancel()
 
 
-async def test_a_subscriber_gets_only_its_directories_and_a_missing_one_is_skipped(
-        tmp_path: Path) -> None:
+async def test_a_subscriber_gets_only_its_directories(tmp_path: Path) -> None:
     a, b = tmp_path / "a", tmp_path / "b"
     a.mkdir()
     b.mkdir()
     w, sa, sb = ClosedWriteWatch(), Seen(), Seen()
     async with anyio.create_task_group() as tg:
         await tg.start(w.run)
-        w.watch("a", [a, tmp_path / "not-yet"], sa)
+        w.watch("a", [a], sa)
         w.watch("b", [b], sb)
         assert w.directories == {str(a), str(b)}
         (a / "x").write_bytes(b"1")
         (b / "y").write_bytes(b"1")
+        (tmp_path / "beside").write_bytes(b"1")
         await sa.expect((Change.modified, str(a / "x")))
         await sb.expect((Change.modified, str(b / "y")))
         assert all(p.startswith(str(a)) for _, p in sa.changes)
         assert all(p.startswith(str(b)) for _, p in sb.changes)
+        tg.cancel_scope.cancel()
+
+
+async def test_a_missing_directory_is_watched_through_an_ancestor_until_it_comes(
+        tmp_path: Path) -> None:
+    """Qwen Code makes ``projects/<slug>/chats`` at its first record, long after the watch
+    began: each level made moves the watch down, and the directory is reported once there."""
+    chats = tmp_path / "qwen" / "projects" / "slug" / "chats"
+    w, seen = ClosedWriteWatch(), Seen()
+    async with anyio.create_task_group() as tg:
+        await tg.start(w.run)
+        w.watch("k", [chats], seen)
+        assert w.directories == {str(tmp_path)}
+        (tmp_path / "unrelated").write_bytes(b"x")  # the ancestor's own files are not reported
+        (tmp_path / "qwen").mkdir()
+        await until_async(lambda: w.directories == {str(tmp_path / "qwen")}, timeout=5,
+                          what="the watch to move down a level")
+        chats.mkdir(parents=True)
+        f = chats / "s.jsonl"
+        f.write_bytes(b"{}\n")
+        await seen.expect((Change.added, str(chats)))
+        await until_async(lambda: w.directories == {str(chats)}, timeout=5,
+                          what="the directory itself watched")
+        (chats / "t.jsonl").write_bytes(b"{}\n")
+        await seen.expect((Change.modified, str(chats / "t.jsonl")))
+        assert not any("unrelated" in p for _, p in seen.changes), seen.changes
+        # gone again: its ancestor stands in, and its coming back is reported
+        for x in chats.iterdir():
+            x.unlink()
+        chats.rmdir()
+        await seen.expect((Change.deleted, str(chats)))
+        await until_async(lambda: w.directories == {str(chats.parent)}, timeout=5,
+                          what="the parent standing in")
+        seen.clear()
+        chats.mkdir()
+        await seen.expect((Change.added, str(chats)))
         tg.cancel_scope.cancel()
 
 

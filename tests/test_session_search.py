@@ -200,6 +200,29 @@ def test_files_written_changed_and_removed_by_another_program(daemon: SpawnedDae
     assert settled(daemon)["indexed"]["sessions"] == 0
 
 
+def test_a_first_session_long_after_start_is_found_with_no_qwen_dir_at_start(
+        daemon: SpawnedDaemon) -> None:
+    """A fresh HOME has no ``~/.qwen/projects``; Qwen Code makes it, its project directory
+    and ``chats`` at its first record, seconds after the daemon started (after the start-up
+    scan and its recheck): the watch follows each level down and the file is found."""
+    from qwenctxd.sessions.search.indexer import RECHECK_S
+
+    assert not (daemon.home / ".qwen" / "projects").exists()
+    settled(daemon)
+    time.sleep(RECHECK_S + 1.0)  # past the start-up recheck: only the watch can see it now
+    proj = daemon.home / "late"
+    proj.mkdir()
+    sid = write_session(daemon, proj, [("user", "the okapi rollout"), ("model", "Done.")])
+    hit = until(lambda: search(daemon, "okapi")["hits"], timeout=5, what="the late file")[0]
+    assert hit["session_id"] == sid
+    other = daemon.home / "later"  # a second project beside it: its chats dir is new too
+    other.mkdir()
+    time.sleep(RECHECK_S + 1.0)
+    sid2 = write_session(daemon, other, [("user", "the tapir budget")])
+    hit = until(lambda: search(daemon, "tapir")["hits"], timeout=5, what="a second project")[0]
+    assert hit["session_id"] == sid2
+
+
 def test_filters(daemon: SpawnedDaemon) -> None:
     one, two = daemon.home / "one", daemon.home / "two"
     (one / ".git").mkdir(parents=True)

@@ -14,12 +14,19 @@ the same three calls session search uses of the hub: :meth:`watch`, :meth:`unwat
 :meth:`wait_synced` (a watch is live when ``inotify_add_watch`` returns). A writer that keeps
 its file open and never closes it is seen at its close (or the next scan); a queue overflow is
 reported as a change of every watched directory (the subscriber rescans).
+
+A directory that does not exist (yet, or any more) is watched through its nearest existing
+ancestor, as the hub does: when a directory on the way to it is made, the watch re-plans and,
+once the directory itself is there, reports it as ``(Change.added, directory)`` — the
+subscriber scans it for what was written before its own watch was live (Qwen Code makes
+``~/.qwen/projects/<slug>/chats`` at its first record, long after the daemon started).
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import errno
 import os
 import struct
 from collections.abc import Iterable
@@ -90,6 +97,7 @@ class ClosedWriteWatch:
         self._subs: dict[str, tuple[frozenset[str], Callback]] = {}
         self._wds: dict[int, str] = {}  # watch descriptor -> directory
         self._by_dir: dict[str, int] = {}
+        self._missing: frozenset[str] = frozenset()  # wanted, watched through an ancestor
         self._fd: int | None = None
         self.changes = 0
         self.overflows = 0
@@ -107,8 +115,8 @@ class ClosedWriteWatch:
 
     def watch(self, key: str, dirs: Iterable[str | os.PathLike[str]], callback: Callback) -> None:
         """Subscribe ``key`` (replacing its earlier set): ``callback`` gets the changes in
-        ``dirs``. A directory that does not exist yet is skipped (its parent's watch sees it
-        come; the subscriber watches it then)."""
+        ``dirs``. A directory that does not exist yet is watched through its nearest existing
+        ancestor and reported as added when it comes (see the module docstring)."""
         self._subs[key] = (frozenset(os.path.abspath(os.fspath(d)) for d in dirs), callback)
         self._sync()
 
@@ -124,23 +132,57 @@ class ClosedWriteWatch:
         return frozenset(self._by_dir)
 
     def _sync(self) -> None:
+        """Watch every wanted directory, or its nearest existing ancestor in its stead."""
         want = frozenset().union(*(dirs for dirs, _ in self._subs.values()))
-        assert _LIBC is not None
         fd = self._open()
-        for d in sorted(set(self._by_dir) - want):
+        live: set[str] = set()
+        missing: set[str] = set()
+        for d in sorted(want):
+            watched = self._add_nearest(fd, d)
+            if watched is not None:
+                live.add(watched)
+            if watched != d:
+                missing.add(d)
+        assert _LIBC is not None
+        for d in sorted(set(self._by_dir) - live):
             wd = self._by_dir.pop(d)
             self._wds.pop(wd, None)
             _LIBC.inotify_rm_watch(fd, wd)
-        for d in sorted(want - set(self._by_dir)):
-            wd = _LIBC.inotify_add_watch(fd, os.fsencode(d), MASK)
-            if wd < 0:
+        self._missing = frozenset(missing)
+
+    def _add_nearest(self, fd: int, directory: str) -> str | None:
+        """Add a watch on ``directory`` or, where it is not there, its nearest existing
+        ancestor; the directory watched (None: an error other than not-there). A level made
+        while the ancestor's watch was being added raised no event there: the walk starts
+        again from ``directory`` when the next level down exists once the watch is live."""
+        for _ in range(64):
+            d, below = directory, None
+            while d not in self._by_dir:
+                if self._add(fd, d):
+                    break
                 err = ctypes.get_errno()
-                if err not in (2, 20):  # ENOENT, ENOTDIR: not there (yet)
+                parent = os.path.dirname(d)
+                if err not in (errno.ENOENT, errno.ENOTDIR) or parent == d:
                     self.last_error = f"{d}: {os.strerror(err)}"
                     log.warning("watch.add_failed", directory=d, error=os.strerror(err))
-                continue
-            self._wds[wd] = d
-            self._by_dir[d] = wd
+                    return None
+                d, below = parent, d
+            if below is None or not os.path.isdir(below):
+                return d
+        return d
+
+    def _add(self, fd: int, d: str) -> bool:
+        assert _LIBC is not None
+        wd = _LIBC.inotify_add_watch(fd, os.fsencode(d), MASK)
+        if wd < 0:
+            return False
+        self._wds[wd] = d
+        self._by_dir[d] = wd
+        return True
+
+    def _on_the_way(self, path: str) -> bool:
+        """True if ``path`` is a missing wanted directory or one of its ancestors."""
+        return any(m == path or m.startswith(path + os.sep) for m in self._missing)
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Read and deliver events until cancelled."""
@@ -153,38 +195,48 @@ class ClosedWriteWatch:
                     buf = os.read(fd, 64 * 1024)
                 except BlockingIOError:
                     continue
-                await self._deliver(self._changes(parse(buf)))
+                changes, replan = self._changes(parse(buf))
+                if replan:  # a directory on the way came, or a watched one went
+                    before = self._missing
+                    self._sync()
+                    changes.update((Change.added, d) for d in before - self._missing)
+                await self._deliver(changes)
         finally:
             self._fd = None
             self._wds.clear()
             self._by_dir.clear()
             os.close(fd)
 
-    def _changes(self, events: list[tuple[int, int, str]]) -> set[FileChange]:
+    def _changes(self, events: list[tuple[int, int, str]]) -> tuple[set[FileChange], bool]:
+        """The changes in ``events``, and whether the watches must be planned again."""
         out: set[FileChange] = set()
+        replan = False
         for wd, mask, name in events:
             if mask & IN_Q_OVERFLOW:
                 self.overflows += 1
                 out.update((Change.modified, d) for d in self._by_dir)
+                replan = True
                 continue
             d = self._wds.get(wd)
             if d is None:
                 continue
             if mask & (IN_DELETE_SELF | IN_MOVE_SELF | IN_IGNORED):
                 out.add((Change.deleted, d))
-                if mask & IN_IGNORED:  # the kernel dropped the watch: it may be added again
+                if mask & IN_IGNORED:  # the kernel dropped the watch: an ancestor stands in
                     self._wds.pop(wd, None)
                     if self._by_dir.get(d) == wd:
                         del self._by_dir[d]
+                    replan = True
                 continue
             path = str(Path(d) / name) if name else d
             if mask & (IN_CREATE | IN_MOVED_TO):
                 out.add((Change.added, path))
+                replan = replan or self._on_the_way(path)
             elif mask & (IN_DELETE | IN_MOVED_FROM):
                 out.add((Change.deleted, path))
             elif mask & IN_CLOSE_WRITE:
                 out.add((Change.modified, path))
-        return out
+        return out, replan
 
     async def _deliver(self, changes: set[FileChange]) -> None:
         if not changes:
