@@ -12,6 +12,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from qwenctxd.memory.semantic.worker import NICE
 from qwenctxd.testing.openai_stub import ScriptedOpenAI
 from qwenctxd.testing.qwenctl_runs import qwenctl
 from qwenctxd.testing.spawn import SpawnedDaemon
@@ -260,6 +261,10 @@ def test_the_worker_reads_the_embedding_table_from_a_file_copy(spawn) -> None:  
     assert Path(d.root) in copy.parents
     fds = Path(f"/proc/{worker}/fd")
     assert any(os.readlink(fd) == str(copy) for fd in fds.iterdir())  # read from, not loaded
+    # the worker runs below the daemon's priority: its embedding never takes the event loop's core
+    assert d.proc is not None
+    assert os.getpriority(os.PRIO_PROCESS, worker) == min(
+        19, os.getpriority(os.PRIO_PROCESS, d.proc.pid) + NICE)
     status = Path(f"/proc/{worker}/status").read_text()
     rss_kb = int(re.search(r"VmRSS:\s+(\d+)", status).group(1))  # type: ignore[union-attr]
     # neither the 65 MB table nor the package's 45 MB tokenizer dict is resident (155 MB
