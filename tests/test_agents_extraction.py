@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from qwenctxd.config import ConfigStore
 from qwenctxd.project import ProjectRegistry
 from qwenctxd.testing.openai_stub import Reply, ScriptedOpenAI
 from qwenctxd.testing.spawn import SpawnedDaemon
+from qwenctxd.testing.wait import until
 
 
 def model_env(stub: ScriptedOpenAI) -> dict[str, str]:
@@ -252,3 +254,66 @@ def test_wrote_memory_detection(path_kind: str, tmp_path: Path) -> None:
     target = root / "user" / "a.md" if path_kind == "memory" else tmp_path / "src" / "a.py"
     msg = {"role": "assistant", "tool_calls": [call("1", "edit", file_path=str(target))]}
     assert wrote_memory(msg, [root]) is (path_kind == "memory")
+
+
+def test_a_burst_of_turns_is_extracted_once_after_it_pauses(spawn) -> None:  # type: ignore[no-untyped-def]
+    """An agent's requests come back to back: the extraction waits for the pause
+    (memory.extractionQuietMs) and then reads the session's newest history, once."""
+    with ScriptedOpenAI() as stub:
+        d: SpawnedDaemon = spawn(env=model_env(stub))
+        (d.home / ".qwen").mkdir(exist_ok=True)
+        (d.home / ".qwen" / "settings.json").write_text(
+            json.dumps({"memory": {"extractionQuietMs": 1500}}))
+        d.start()
+        repo = d.home / "repo"
+        (repo / ".git").mkdir(parents=True)
+        bodies: list[tuple[float, dict[str, Any]]] = []
+
+        def handler(body: dict[str, Any]) -> Reply:
+            if is_extractor(body):
+                bodies.append((time.monotonic(), body))
+                return Reply(content="nothing durable")
+            return Reply(content="ok")
+
+        stub.handler = handler
+        sid = d.call("session.open", {"cwd": str(repo), "model": "stub-model"})["session_id"]
+        for i in range(4):
+            user_turn(d, sid, f"burst question {i}")
+            time.sleep(0.2)  # closer together than the quiet period
+        last_turn = time.monotonic()
+        until(lambda: bodies, timeout=20, what="the extraction after the burst")
+        assert bodies[0][0] - last_turn >= 1.0  # it waited for the pause (1.5 s)
+        assert d.call("daemon.drain", {"timeout_s": 20})["drained"]
+        assert len(bodies) == 1, [json.dumps(b["messages"])[-200:] for _, b in bodies]
+        assert "burst question 3" in json.dumps(bodies[0][1]["messages"])
+        st = d.call("memory.status", {"cwd": str(repo)})
+        assert st["cursor"]["sessionId"] == sid and st["cursor"]["processedOffset"] == 8
+
+
+def test_a_drain_starts_a_waiting_extraction_at_once(spawn) -> None:  # type: ignore[no-untyped-def]
+    with ScriptedOpenAI() as stub:
+        d: SpawnedDaemon = spawn(env=model_env(stub))
+        (d.home / ".qwen").mkdir(exist_ok=True)
+        (d.home / ".qwen" / "settings.json").write_text(
+            json.dumps({"memory": {"extractionQuietMs": 60000}}))
+        d.start()
+        repo = d.home / "repo"
+        (repo / ".git").mkdir(parents=True)
+        bodies: list[dict[str, Any]] = []
+
+        def handler(body: dict[str, Any]) -> Reply:
+            if is_extractor(body):
+                bodies.append(body)
+                return Reply(content="nothing durable")
+            return Reply(content="ok")
+
+        stub.handler = handler
+        sid = d.call("session.open", {"cwd": str(repo), "model": "stub-model"})["session_id"]
+        user_turn(d, sid, "remember the deploy window")
+        kinds = [t["kind"] for t in d.call("daemon.status")["background"]["in_flight"]]
+        assert kinds.count("extract") == 1, kinds
+        assert bodies == []  # waiting for a pause of a minute
+        t0 = time.monotonic()
+        assert d.call("daemon.drain", {"timeout_s": 20})["drained"]
+        assert time.monotonic() - t0 < 15  # liveness: not the minute's wait
+        assert len(bodies) == 1 and "deploy window" in json.dumps(bodies[0]["messages"])

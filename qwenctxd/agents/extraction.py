@@ -10,6 +10,12 @@ from the written paths, meta.json records the run, the project index is rebuilt 
 keeps the cursor so the next run retries) and the user index too (a failure only warns); the
 cursor moves to the end of the history. A cancelled run writes nothing.
 
+After a turn (not for ``memory.extract``) a run first waits until the project's turns pause for
+``[memory] extraction_quiet_ms`` (1 s; at most :data:`MAX_DEFER_S`; a drain hurries it) and then
+takes its session's newest history, so a burst of an agent's requests costs one extraction
+after it instead of one beside each of them (tasks/quiet.py; the run it made redundant
+returns ``skipped``/``merged`` and records nothing).
+
 The request carries the session's resolved :class:`~qwenctxd.project.Project`: its settings
 gate and time the run, its anchor keys the job, its root bounds what the agent may read.
 """
@@ -41,6 +47,12 @@ log = structlog.get_logger("qwenctxd.extract")
 WRITE_TOOLS = {"write_file", "edit", "replace", "create_file"}
 PATH_ARGS = ("file_path", "path", "target_file")
 MAX_TOPIC_SUMMARY = 280
+MAX_DEFER_S = 30.0  # a project whose turns never pause is extracted at least this often
+
+
+def turns_key(project: Project) -> str:
+    """The quiet-period key of a project's turns (tasks/quiet.py)."""
+    return f"turns:{project.anchor}"
 
 
 @dataclass
@@ -50,6 +62,11 @@ class ExtractRequest:
     project: Project
     history: list[dict[str, Any]]
     wrote_memory: bool = False
+    #: after a turn: wait for a quiet gap in the project's turns first (see the module doc);
+    #: ``memory.extract`` asks for a run now
+    after_turn: bool = False
+    #: an earlier run of the same session took this request's history (its own run is a no-op)
+    taken: bool = False
 
 
 @dataclass
@@ -60,10 +77,12 @@ class ExtractResult:
     topics: list[str] = field(default_factory=list)
 
 
-def user_texts(history: Sequence[dict[str, Any]]) -> list[tuple[int, str]]:
-    """(index, text) of user messages with non-empty text (reminders excluded)."""
+def user_texts(history: Sequence[dict[str, Any]], start: int = 0) -> list[tuple[int, str]]:
+    """(index, text) of user messages from ``start`` on with non-empty text (reminders
+    excluded)."""
     out = []
-    for i, m in enumerate(history):
+    for i in range(max(0, start), len(history)):
+        m = history[i]
         if m.get("role") != "user":
             continue
         c = m.get("content")
@@ -104,6 +123,9 @@ class Extractor:
         self.tasks = tasks
         self._model = model
         self.last: dict[str, ExtractResult] = {}
+        #: the newest after-turn request per project anchor (one per project: bounded), taken
+        #: by its session's run when the quiet period ends
+        self._latest: dict[Path, ExtractRequest] = {}
 
     def start_offset(self, state: Path | None, session_id: str, history_len: int) -> int:
         if state is None:
@@ -115,6 +137,9 @@ class Extractor:
         return 0 if offset > history_len else offset  # a compression shortened the history
 
     def gate(self, req: ExtractRequest) -> str | None:
+        import os
+        if os.environ.get('XNOEXTRACT'):
+            return 'disabled'
         if not self.memory.enabled(req.project):
             return "disabled"
         if not self._model().configured:
@@ -123,7 +148,7 @@ class Extractor:
             return "memory_tool"
         roots = self.memory.roots(req.project)
         start = self.start_offset(roots.state, req.session_id, len(req.history))
-        if not [t for i, t in user_texts(req.history) if i >= start]:
+        if not user_texts(req.history, start):
             return "no_new_messages"
         return None
 
@@ -136,11 +161,25 @@ class Extractor:
         if not self.tasks.accepting:
             return False, "shutting_down"
         anchor = req.project.anchor
+        if req.after_turn:
+            self.tasks.quiet.touch(turns_key(req.project))
+            self._latest[anchor] = req
         self.tasks.submit("extract", lambda: self.run(req), key=f"extract:{anchor}",
                           project=str(anchor), description=f"session {req.session_id[:8]}")
         return True, None
 
     async def run(self, req: ExtractRequest) -> ExtractResult:
+        if req.taken:
+            return ExtractResult(status="skipped", reason="merged")
+        if req.after_turn:
+            quiet_s = req.project.settings.memory.extraction_quiet_ms / 1000
+            await self.tasks.quiet.wait(turns_key(req.project), quiet_s, MAX_DEFER_S)
+            # the session's newest history: the turns made while this run waited (the newest
+            # request of another session is its own queued run's)
+            latest = self._latest.get(req.project.anchor)
+            if latest is not None and latest.session_id == req.session_id:
+                req = self._latest.pop(req.project.anchor)
+                req.taken = True
         reason = self.gate(req)  # the cursor may have moved while this run waited
         if reason is not None:
             return self._done(req, ExtractResult(status="skipped", reason=reason))

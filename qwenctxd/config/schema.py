@@ -86,6 +86,9 @@ class MemorySettings(_Section):
     recall_selector: Literal["auto", "on", "off"] = "auto"
     recall: RecallSettings = msgspec.field(default_factory=RecallSettings)
     embeddings: EmbeddingsSettings | None = None
+    # extraction after a turn waits until the project's turns pause this long (at most 30 s;
+    # 0: at once, as Qwen Code does) — it stays off the CPU while an agent's requests come
+    extraction_quiet_ms: Annotated[int, Meta(ge=0, le=60_000)] = 1000
 
 
 class SkillsSettings(_Section):

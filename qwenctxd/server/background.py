@@ -19,7 +19,7 @@ import anyio
 import structlog
 
 from qwenctxd.agents import dream as dream_mod
-from qwenctxd.agents.extraction import ExtractRequest
+from qwenctxd.agents.extraction import ExtractRequest, turns_key
 from qwenctxd.protocol import memory as memory_wire
 
 if TYPE_CHECKING:
@@ -59,7 +59,8 @@ class Background:
         scheduled: list[str] = []
         req = ExtractRequest(session_id=session.id, cwd=session.cwd, project=session.project,
                              history=list(session.history.messages),
-                             wrote_memory=session.turn.memory_written_this_turn)
+                             wrote_memory=session.turn.memory_written_this_turn,
+                             after_turn=True)
         ok, _reason = self.extractor.schedule(req)
         if ok:
             scheduled.append("extract")
@@ -73,7 +74,9 @@ class Background:
         return scheduled
 
     def on_user_turn(self, project: Project) -> None:
-        """A turn takes priority over consolidation of the same project."""
+        """A turn takes priority over consolidation of the same project, and puts off its
+        extraction until the turns pause (agents/extraction.py)."""
+        self.tasks.quiet.touch(turns_key(project))
         roots = self.memory.roots(project)
         if self.dreamer.cancel(self.tasks, roots):
             log.info("dream yielded to a user turn", project=str(roots.project))

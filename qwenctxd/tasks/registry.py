@@ -27,6 +27,8 @@ import anyio
 import structlog
 from anyio.abc import TaskGroup
 
+from qwenctxd.tasks.quiet import QuietPeriods
+
 log = structlog.get_logger("qwenctxd.tasks")
 
 JobFn = Callable[[], Awaitable[Any]]
@@ -91,6 +93,8 @@ class TaskRegistry:
         self.failed_by_kind: dict[str, int] = {}
         self.recent_failures: deque[TaskRecord] = deque(maxlen=RECENT_FAILURES)
         self._listeners: list[Callable[[TaskRecord], None]] = []
+        #: jobs that wait for a gap in the foreground first (tasks/quiet.py); a drain hurries them
+        self.quiet = QuietPeriods()
 
     # -- lifecycle ---------------------------------------------------------------------------
     def attach(self, tg: TaskGroup) -> None:
@@ -244,8 +248,9 @@ class TaskRegistry:
 
     # -- drain / cancel ----------------------------------------------------------------------
     async def drain(self, timeout_s: float | None) -> bool:
-        """Wait until nothing runs or waits; True if that happened before the timeout."""
-        with anyio.move_on_after(timeout_s):
+        """Wait until nothing runs or waits; True if that happened before the timeout. Jobs
+        waiting for a quiet period start at once (``quiet.hurried``)."""
+        with self.quiet.hurried(), anyio.move_on_after(timeout_s):
             while self.pending:
                 await self._idle.wait()
             return True
