@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from qwenctxd.server.transport import SocketConnection
 
 log = structlog.get_logger("qwenctxd.daemon")
+INOTIFY_COUNT_TTL_S = 5.0
 
 StatusContributor = Callable[[wire.StatusResult], None]
 
@@ -80,6 +81,7 @@ class ServiceHost:
         self.status_contributors.append(self._search_status)
         self.dispatcher = Dispatcher(is_stopping=lambda: self.state != "serving")
         self._requests_idle = anyio.Event()
+        self._inotify_count: tuple[float | None, int] = (None, 0)
         self.connections = 0
         self._fresh: dict[int, Connection] = {}  # connections yet to send their first frame
         self._open: dict[int, Connection] = {}  # every open connection
@@ -217,11 +219,23 @@ class ServiceHost:
 
     # -- status -------------------------------------------------------------------------------
     def _status_line(self) -> str:
-        st = self.status()
+        """systemd's STATUS= line, sent at every background job's start and end: from the
+        counters only (a whole ``status()`` read /proc for every descriptor each time)."""
         return (
-            f"{self.state}: {len(st.sessions)} sessions, {len(st.background.in_flight)} "
-            f"background jobs, {st.background.queued} queued"
+            f"{self.state}: {len(self.services.sessions.sessions)} sessions, "
+            f"{len(self.tasks.in_flight)} background jobs, {self.tasks.queued} queued"
         )
+
+    def _inotify_watches(self) -> int:
+        """The process's inotify watches, counted at most every :data:`INOTIFY_COUNT_TTL_S`:
+        the count reads a /proc link for every open descriptor (milliseconds on the event
+        loop with many clients), and a status line or editor may ask every second."""
+        now = time.monotonic()
+        at, count = self._inotify_count
+        if at is None or now - at >= INOTIFY_COUNT_TTL_S:
+            count = self.hub.inotify_watches()
+            self._inotify_count = (now, count)
+        return count
 
     def _on_task_event(self, rec: TaskRecord) -> None:
         self.bus.publish(
@@ -323,7 +337,7 @@ class ServiceHost:
                 generation=self.config.generation,
                 last_error=self.config.last_error,
             ),
-            inotify_watches=self.hub.inotify_watches(),
+            inotify_watches=self._inotify_watches(),
             watch=wire.WatchStatus(
                 directories=len(self.hub.directories),
                 subscriptions=len(self.hub.subscriptions()),
