@@ -5,6 +5,11 @@ A caller cancelled while its reply is on the way (a recall past its deadline) do
 the pipe: the reply is owed, and the next request reads and drops it first. A worker that dies
 is restarted on the next request; one that dies again within ``RESTART_WINDOW_S`` is given up
 on for that long (the lexical tier answers meanwhile), and :attr:`status` says why.
+
+Queries that arrive while the worker is busy wait as one batch (:meth:`embed`): the first of
+them waits for the pipe, the later ones join it until it is sent, and one request embeds them
+all. Under many concurrent turns (a proxy's 32 conversations) each recall's query otherwise
+queued behind every other's, one worker round trip each.
 """
 
 from __future__ import annotations
@@ -39,6 +44,20 @@ class EmbedderUnavailable(Exception):
         self.kind = kind
 
 
+MAX_QUERY_BATCH = 64
+
+
+class _QueryBatch:
+    """Queries waiting for the pipe together; ``vectors`` once embedded, ``error`` if not
+    (None with no vectors: the one sending it was cancelled first — the others try again)."""
+
+    def __init__(self, text: str) -> None:
+        self.texts = [text]
+        self.done = anyio.Event()
+        self.vectors: Any = None
+        self.error: EmbedderUnavailable | None = None
+
+
 class EmbedderProcess:
     def __init__(self, *, command: list[str] | None = None,
                  env: dict[str, str] | None = None) -> None:
@@ -48,6 +67,7 @@ class EmbedderProcess:
         self._reader: BufferedByteReceiveStream | None = None
         self._lock = anyio.Lock()
         self._owed = 0
+        self._waiting: dict[str, _QueryBatch] = {}  # per model: queries not yet sent
         self._deaths: list[float] = []
         self._closed = False
         self.started_at: float | None = None
@@ -63,45 +83,87 @@ class EmbedderProcess:
         return self._proc.pid if self.running and self._proc is not None else None
 
     async def embed(self, model: str, texts: list[str], *, query: bool) -> Any:
-        """An (n, dim) float32 array of L2-normalised rows."""
-        np = numpy_module()
+        """An (n, dim) float32 array of L2-normalised rows (one query: batched with the
+        queries that wait beside it, see the module docstring)."""
+        if query and len(texts) == 1:
+            return await self._query(model, texts[0])
+        return self._vectors(await self.request(
+            {"op": "embed", "model": model, "query": query, "texts": texts}), len(texts))
 
-        reply = await self.request({"op": "embed", "model": model, "query": query,
-                                    "texts": texts})
-        dim = int(reply["dim"])
-        return np.frombuffer(reply["data"], dtype=np.float32).reshape(len(texts), dim)
+    @staticmethod
+    def _vectors(reply: dict[str, Any], n: int) -> Any:
+        np = numpy_module()
+        return np.frombuffer(reply["data"], dtype=np.float32).reshape(n, int(reply["dim"]))
+
+    async def _query(self, model: str, text: str) -> Any:
+        while True:
+            batch = self._waiting.get(model)
+            if batch is not None and len(batch.texts) < MAX_QUERY_BATCH:
+                i = len(batch.texts)
+                batch.texts.append(text)
+                await batch.done.wait()
+                if batch.error is not None:
+                    raise batch.error
+                if batch.vectors is not None:
+                    return batch.vectors[i:i + 1]
+                continue  # its sender was cancelled before it went: try again
+            batch = self._waiting[model] = _QueryBatch(text)
+            try:
+                async with self._lock:
+                    if self._waiting.get(model) is batch:
+                        del self._waiting[model]  # closed: later queries start the next one
+                    texts = list(batch.texts)
+                    reply = await self._exchange(
+                        {"op": "embed", "model": model, "query": True, "texts": texts})
+                batch.vectors = self._vectors(self._checked(reply), len(texts))
+            except EmbedderUnavailable as exc:
+                batch.error = exc
+                raise
+            finally:
+                if self._waiting.get(model) is batch:
+                    del self._waiting[model]
+                batch.done.set()
+            return batch.vectors[0:1]
 
     async def info(self, model: str) -> dict[str, Any]:
         return await self.request({"op": "info", "model": model})
 
     async def request(self, payload: dict[str, Any]) -> dict[str, Any]:
         async with self._lock:
-            if self._closed:
-                raise EmbedderUnavailable("the embedder is closed", "down")
-            with anyio.CancelScope(shield=True):
-                await self._ensure_started()
-                assert self._proc is not None and self._proc.stdin is not None
-                try:
-                    while self._owed:
-                        await self._read()
-                        self._owed -= 1
-                    body = msgspec.msgpack.encode(payload)
-                    await self._proc.stdin.send(HEADER.pack(len(body)) + body)
-                except (anyio.BrokenResourceError, anyio.EndOfStream, anyio.ClosedResourceError,
-                        anyio.IncompleteRead, OSError) as exc:
-                    await self._died(exc)
-            self._owed += 1  # until its reply is read, by us or by the next request
-            try:
-                reply = await self._read()
-            except (anyio.BrokenResourceError, anyio.EndOfStream, anyio.ClosedResourceError,
-                    anyio.IncompleteRead, OSError) as exc:
-                with anyio.CancelScope(shield=True):
-                    await self._died(exc)
-            self._owed -= 1
-            self.requests += 1
+            reply = await self._exchange(payload)
+        return self._checked(reply)
+
+    def _checked(self, reply: dict[str, Any]) -> dict[str, Any]:
         if not reply.get("ok"):
             self.last_error = str(reply.get("error"))
             raise EmbedderUnavailable(self.last_error, str(reply.get("kind") or "failed"))
+        return reply
+
+    async def _exchange(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """One request and its reply (the caller holds the lock)."""
+        if self._closed:
+            raise EmbedderUnavailable("the embedder is closed", "down")
+        with anyio.CancelScope(shield=True):
+            await self._ensure_started()
+            assert self._proc is not None and self._proc.stdin is not None
+            try:
+                while self._owed:
+                    await self._read()
+                    self._owed -= 1
+                body = msgspec.msgpack.encode(payload)
+                await self._proc.stdin.send(HEADER.pack(len(body)) + body)
+            except (anyio.BrokenResourceError, anyio.EndOfStream, anyio.ClosedResourceError,
+                    anyio.IncompleteRead, OSError) as exc:
+                await self._died(exc)
+        self._owed += 1  # until its reply is read, by us or by the next request
+        try:
+            reply = await self._read()
+        except (anyio.BrokenResourceError, anyio.EndOfStream, anyio.ClosedResourceError,
+                anyio.IncompleteRead, OSError) as exc:
+            with anyio.CancelScope(shield=True):
+                await self._died(exc)
+        self._owed -= 1
+        self.requests += 1
         return reply
 
     async def _read(self) -> dict[str, Any]:
