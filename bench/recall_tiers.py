@@ -37,6 +37,7 @@ from qwenctxd.testing.recall_devset import (
 class Lists:
     lexical: list[tuple[str, float]]
     semantic: dict[str, list[tuple[str, float]]] = field(default_factory=dict)
+    related: dict[str, float] = field(default_factory=dict)  # cosine with each centroid
 
 
 async def tier_lists(devset: DevSet, layout: Layout, queries: list[Query] | None = None,
@@ -65,9 +66,11 @@ async def tier_lists(devset: DevSet, layout: Layout, queries: list[Query] | None
                     if q.project != project:
                         continue
                     hits = await lex.search(q.query, limit=recall_pipeline.LEXICAL_CANDIDATES)
+                    related: dict[str, float] = {}
                     ranked, _ = await sem.rank(q.query,
-                                               limit=recall_pipeline.SEMANTIC_CANDIDATES)
-                    out[q.id] = Lists([(h.path, h.score) for h in hits], ranked)
+                                               limit=recall_pipeline.SEMANTIC_CANDIDATES,
+                                               related=related)
+                    out[q.id] = Lists([(h.path, h.score) for h in hits], ranked, related)
     finally:
         await process.aclose()
     return out
@@ -80,7 +83,7 @@ def fused_paths(lists: Lists, *, only: tuple[str, ...] | None = None, admit: boo
     sem = {k: v for k, v in lists.semantic.items() if only is None or k in only}
     lex = lists.lexical if lexical else []
     if admit:
-        keep = recall_pipeline.admitted(sem, {p for p, _ in lex})
+        keep = recall_pipeline.admitted(sem, {p for p, _ in lex}, lists.related)
         sem = {k: [(p, c) for p, c in v if p in keep] for k, v in sem.items()}
     merged = (fusion.blend if how == "blend" else fusion.rrf)(
         lex, sem, weights=weights if weights is not None else recall_pipeline.WEIGHTS)

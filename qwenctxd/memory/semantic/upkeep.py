@@ -109,8 +109,10 @@ class SemanticUpkeep:
         return s
 
     async def rank(self, key: Path, query: str, *, generation: int, wait_s: float, limit: int,
-                   exclude: set[str]) -> tuple[dict[str, list[tuple[str, float]]], str | None]:
-        """Per embedder (path, cosine) lists, and why the tier is not (fully) there, if so."""
+                   exclude: set[str], related: dict[str, float] | None = None,
+                   ) -> tuple[dict[str, list[tuple[str, float]]], str | None]:
+        """Per embedder (path, cosine) lists, and why the tier is not (fully) there, if so;
+        ``related``: see :meth:`SemanticIndex.rank`."""
         s = self._slots.get(key)
         if s is None:
             return {}, "not_built"
@@ -120,7 +122,8 @@ class SemanticUpkeep:
         reason = None if s.index.current(generation) else "building"
         try:
             with anyio.fail_after(max(wait_s, 0.5)):
-                ranked, failed = await s.index.rank(query, limit=limit, exclude=exclude)
+                ranked, failed = await s.index.rank(query, limit=limit, exclude=exclude,
+                                                    related=related)
         except TimeoutError:
             return {}, "late"
         if failed:
