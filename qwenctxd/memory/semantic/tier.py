@@ -173,13 +173,23 @@ class SemanticIndex:
         vectors = np.zeros((len(unique), dim), dtype=np.float32)
         found = await self.cache.read_into(model, dim, row_of, vectors)
         missing = [i for i in range(len(unique)) if i not in found]
-        for start in range(0, len(missing), BATCH):
-            chunk = missing[start:start + BATCH]
-            vecs = np.asarray(await emb.embed([unique[i] for i in chunk], query=False),
-                              dtype=np.float32).reshape(len(chunk), dim)
-            await self.cache.put_many(model, dim, [(shas[i], vecs[j].tobytes())
-                                                   for j, i in enumerate(chunk)])
-            vectors[chunk] = vecs
+        # the cache writes one batch behind the worker: it embeds the next batch meanwhile
+        send, receive = anyio.create_memory_object_stream[list[tuple[str, bytes]]](1)
+
+        async def write_behind() -> None:
+            async with receive:
+                async for rows in receive:
+                    await self.cache.put_many(model, dim, rows)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(write_behind)
+            async with send:
+                for start in range(0, len(missing), BATCH):
+                    chunk = missing[start:start + BATCH]
+                    vecs = np.asarray(await emb.embed([unique[i] for i in chunk], query=False),
+                                      dtype=np.float32).reshape(len(chunk), dim)
+                    vectors[chunk] = vecs
+                    await send.send([(shas[i], vecs[j].tobytes()) for j, i in enumerate(chunk)])
         paths: list[str] = []
         starts: list[int] = []
         order: list[int] = []
