@@ -33,6 +33,32 @@ def call(i: str, name: str, **args: Any) -> dict[str, Any]:
     return {"id": i, "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
 
 
+def record_extractions(stub: ScriptedOpenAI) -> list[tuple[float, dict[str, Any]]]:
+    """The stub answers every extractor request "nothing durable" and records (when, body)."""
+    seen: list[tuple[float, dict[str, Any]]] = []
+
+    def handler(body: dict[str, Any]) -> Reply:
+        if is_extractor(body):
+            seen.append((time.monotonic(), body))
+            return Reply(content="nothing durable")
+        return Reply(content="ok")
+
+    stub.handler = handler
+    return seen
+
+
+def quiet_daemon(spawn: Any, stub: ScriptedOpenAI, quiet_ms: int) -> tuple[SpawnedDaemon, Path]:
+    """A daemon with ``memory.extractionQuietMs`` set before it starts, and a repo."""
+    d: SpawnedDaemon = spawn(env=model_env(stub))
+    (d.home / ".qwen").mkdir(exist_ok=True)
+    (d.home / ".qwen" / "settings.json").write_text(
+        json.dumps({"memory": {"extractionQuietMs": quiet_ms}}))
+    d.start()
+    repo = d.home / "repo"
+    (repo / ".git").mkdir(parents=True)
+    return d, repo
+
+
 def user_turn(d: SpawnedDaemon, sid: str, text: str) -> None:
     d.call("session.turn", {"session_id": sid, "kind": "user", "text": text})
     d.call("session.record_model", {"session_id": sid,
@@ -129,15 +155,7 @@ def test_cursor_and_gates(spawn) -> None:  # type: ignore[no-untyped-def]
         d: SpawnedDaemon = spawn(env=model_env(stub)).start()
         repo = d.home / "repo"
         (repo / ".git").mkdir(parents=True)
-        extract_requests: list[dict[str, Any]] = []
-
-        def handler(body: dict[str, Any]) -> Reply:
-            if is_extractor(body):
-                extract_requests.append(body)
-                return Reply(content="nothing durable")
-            return Reply(content="ok")
-
-        stub.handler = handler
+        extract_requests = record_extractions(stub)
         sid = d.call("session.open", {"cwd": str(repo), "model": "stub-model"})["session_id"]
         user_turn(d, sid, "first question")
         assert d.call("daemon.drain", {"timeout_s": 20})["drained"]
@@ -260,26 +278,12 @@ def test_a_burst_of_turns_is_extracted_once_after_it_pauses(spawn) -> None:  # t
     """An agent's requests come back to back: the extraction waits for the pause
     (memory.extractionQuietMs) and then reads the session's newest history, once."""
     with ScriptedOpenAI() as stub:
-        d: SpawnedDaemon = spawn(env=model_env(stub))
-        (d.home / ".qwen").mkdir(exist_ok=True)
-        (d.home / ".qwen" / "settings.json").write_text(
-            json.dumps({"memory": {"extractionQuietMs": 1500}}))
-        d.start()
-        repo = d.home / "repo"
-        (repo / ".git").mkdir(parents=True)
-        bodies: list[tuple[float, dict[str, Any]]] = []
-
-        def handler(body: dict[str, Any]) -> Reply:
-            if is_extractor(body):
-                bodies.append((time.monotonic(), body))
-                return Reply(content="nothing durable")
-            return Reply(content="ok")
-
-        stub.handler = handler
+        d, repo = quiet_daemon(spawn, stub, 1500)
+        bodies = record_extractions(stub)
         sid = d.call("session.open", {"cwd": str(repo), "model": "stub-model"})["session_id"]
         for i in range(4):
             user_turn(d, sid, f"burst question {i}")
-            time.sleep(0.2)  # closer together than the quiet period
+            time.sleep(0.2)  # sleep-ok: turns closer together than the quiet period
         last_turn = time.monotonic()
         until(lambda: bodies, timeout=20, what="the extraction after the burst")
         assert bodies[0][0] - last_turn >= 1.0  # it waited for the pause (1.5 s)
@@ -292,22 +296,8 @@ def test_a_burst_of_turns_is_extracted_once_after_it_pauses(spawn) -> None:  # t
 
 def test_a_drain_starts_a_waiting_extraction_at_once(spawn) -> None:  # type: ignore[no-untyped-def]
     with ScriptedOpenAI() as stub:
-        d: SpawnedDaemon = spawn(env=model_env(stub))
-        (d.home / ".qwen").mkdir(exist_ok=True)
-        (d.home / ".qwen" / "settings.json").write_text(
-            json.dumps({"memory": {"extractionQuietMs": 60000}}))
-        d.start()
-        repo = d.home / "repo"
-        (repo / ".git").mkdir(parents=True)
-        bodies: list[dict[str, Any]] = []
-
-        def handler(body: dict[str, Any]) -> Reply:
-            if is_extractor(body):
-                bodies.append(body)
-                return Reply(content="nothing durable")
-            return Reply(content="ok")
-
-        stub.handler = handler
+        d, repo = quiet_daemon(spawn, stub, 60000)
+        bodies = record_extractions(stub)
         sid = d.call("session.open", {"cwd": str(repo), "model": "stub-model"})["session_id"]
         user_turn(d, sid, "remember the deploy window")
         kinds = [t["kind"] for t in d.call("daemon.status")["background"]["in_flight"]]
@@ -316,4 +306,4 @@ def test_a_drain_starts_a_waiting_extraction_at_once(spawn) -> None:  # type: ig
         t0 = time.monotonic()
         assert d.call("daemon.drain", {"timeout_s": 20})["drained"]
         assert time.monotonic() - t0 < 15  # liveness: not the minute's wait
-        assert len(bodies) == 1 and "deploy window" in json.dumps(bodies[0]["messages"])
+        assert len(bodies) == 1 and "deploy window" in json.dumps(bodies[0][1]["messages"])

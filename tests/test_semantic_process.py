@@ -46,7 +46,7 @@ async def test_queries_waiting_for_a_busy_worker_share_one_request(tmp_path: Pat
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(build, proc)  # the worker busy with a build
-            await anyio.sleep(0.05)
+            await anyio.sleep(0.05)  # sleep-ok: the build goes to the worker first
             for i in range(len(QUERIES)):
                 tg.start_soon(one, i)
         # the build, then the queries that waited for it: far fewer than one request each
@@ -68,7 +68,7 @@ async def test_a_cancelled_query_leaves_the_batch_answered(tmp_path: Path) -> No
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(build, proc)
-            await anyio.sleep(0.05)
+            await anyio.sleep(0.05)  # sleep-ok: the build goes to the worker first
             with anyio.CancelScope() as first:  # the batch's first query gives up at once
                 first.cancel()
                 await one("cancelled before it is sent")

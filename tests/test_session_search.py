@@ -209,7 +209,7 @@ def test_a_first_session_long_after_start_is_found_with_no_qwen_dir_at_start(
 
     assert not (daemon.home / ".qwen" / "projects").exists()
     settled(daemon)
-    time.sleep(RECHECK_S + 1.0)  # past the start-up recheck: only the watch can see it now
+    time.sleep(RECHECK_S + 1.0)  # sleep-ok: past the start-up recheck, only the watch sees it
     proj = daemon.home / "late"
     proj.mkdir()
     sid = write_session(daemon, proj, [("user", "the okapi rollout"), ("model", "Done.")])
@@ -217,7 +217,7 @@ def test_a_first_session_long_after_start_is_found_with_no_qwen_dir_at_start(
     assert hit["session_id"] == sid
     other = daemon.home / "later"  # a second project beside it: its chats dir is new too
     other.mkdir()
-    time.sleep(RECHECK_S + 1.0)
+    time.sleep(RECHECK_S + 1.0)  # sleep-ok: past the recheck again
     sid2 = write_session(daemon, other, [("user", "the tapir budget")])
     hit = until(lambda: search(daemon, "tapir")["hits"], timeout=5, what="a second project")[0]
     assert hit["session_id"] == sid2

@@ -25,7 +25,7 @@ async def test_a_wait_lasts_until_the_key_pauses_and_each_touch_extends_it() -> 
 
     async def keep_busy() -> None:
         for _ in range(4):  # activity every 0.1 s for 0.4 s: no pause of 0.3 s until the end
-            await anyio.sleep(0.1)
+            await anyio.sleep(0.1)  # sleep-ok: activity at a pace under the quiet period
             q.touch("k")
 
     async with anyio.create_task_group() as tg:
@@ -43,7 +43,7 @@ async def test_a_key_that_never_pauses_waits_at_most_max_wait() -> None:
     async def busy(scope: anyio.CancelScope) -> None:
         while not scope.cancel_called:
             q.touch("k")
-            await anyio.sleep(0.02)
+            await anyio.sleep(0.02)  # sleep-ok: a key that never pauses
 
     q.touch("k")
     async with anyio.create_task_group() as tg:
@@ -63,9 +63,9 @@ async def test_hurried_ends_waits_begun_and_beginning() -> None:
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(waiter)
-        await anyio.sleep(0.1)
+        await anyio.sleep(0.1)  # sleep-ok: the waiter is waiting
         with q.hurried():
-            await anyio.sleep(0.05)
+            await anyio.sleep(0.05)  # sleep-ok: the hurried waiter returns
             assert len(waits) == 1 and waits[0] < 5
             assert await q.wait("k", 60, 60) < 0.05  # begun while hurried
     with anyio.move_on_after(0.2) as scope:  # after the hurry: waits wait again
