@@ -19,9 +19,11 @@ import pytest
 
 from qwenctxd.sessions import records, shared_file
 from qwenctxd.testing.spawn import SpawnedDaemon
+from qwenctxd.testing.wait import until
 
 NODE = shutil.which("node")
 ROUNDS = 6
+TURNS_PER_ROUND = 8
 
 APPEND_FILE_WRITER = r"""
 const fs = require('fs');
@@ -87,10 +89,15 @@ def test_node_writer_and_daemon_share_a_session(daemon: SpawnedDaemon, tmp_path:
     ours: list[str] = []
     with daemon.client() as c:
         for rnd in range(ROUNDS):
+            size = path.stat().st_size
             node = subprocess.Popen([_node(), "-e", script, str(path), "3", f"node{rnd}"])
+            # our turns while Node writes: from its first bytes, at most TURNS_PER_ROUND (each
+            # reply carries the whole prompt; a slow Node start must not grow it past a frame)
+            until(lambda: node.poll() is not None or path.stat().st_size != size,  # noqa: B023
+                  timeout=30, what="Node's first write")
             deadline = time.monotonic() + 30
             i = 0
-            while node.poll() is None and time.monotonic() < deadline:
+            while node.poll() is None and i < TURNS_PER_ROUND and time.monotonic() < deadline:
                 text = f"round {rnd} turn {i} " + "z" * 200_000
                 c.call("session.turn", {"session_id": sid, "kind": "user", "text": text})
                 c.call("session.record_model", {"session_id": sid, "message": {
