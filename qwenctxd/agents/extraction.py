@@ -11,7 +11,7 @@ keeps the cursor so the next run retries) and the user index too (a failure only
 cursor moves to the end of the history. A cancelled run writes nothing.
 
 After a turn (not for ``memory.extract``) a run first waits until the project's turns pause for
-``[memory] extraction_quiet_ms`` (1 s; at most :data:`MAX_DEFER_S`; a drain hurries it) and then
+``memory.extractionQuietMs`` (1 s; at most :data:`MAX_DEFER_S`; a drain hurries it) and then
 takes its session's newest history, so a burst of an agent's requests costs one extraction
 after it instead of one beside each of them (tasks/quiet.py; the run it made redundant
 returns ``skipped``/``merged`` and records nothing).
@@ -137,9 +137,6 @@ class Extractor:
         return 0 if offset > history_len else offset  # a compression shortened the history
 
     def gate(self, req: ExtractRequest) -> str | None:
-        import os
-        if os.environ.get('XNOEXTRACT'):
-            return 'disabled'
         if not self.memory.enabled(req.project):
             return "disabled"
         if not self._model().configured:

@@ -36,9 +36,6 @@ class QuietPeriods:
         """Foreground activity on ``key`` now (cheap: one dict store)."""
         self._last[key] = time.monotonic()
 
-    def forget(self, key: str) -> None:
-        self._last.pop(key, None)
-
     async def wait(self, key: str, quiet_s: float, max_wait_s: float) -> float:
         """Return once ``key`` has been quiet for ``quiet_s`` (at most ``max_wait_s`` after the
         call; at once while hurried); the seconds waited."""
