@@ -2,7 +2,8 @@
 (issue 24). A client that reads to ``[DONE]`` and closes at once (curl does) leaves a complete
 reply; an upstream that breaks off mid-stream is recorded with that cause and the client gets
 an OpenAI-style SSE error event instead of a clean end; a hung upstream is cut after the read
-deadline (``model.timeout_s``), not httpx's 600 s, and the client is told."""
+deadline (``model.timeout_s``), not after minutes, and the client is told; an upstream
+nobody listens at is a 502."""
 
 from __future__ import annotations
 
@@ -101,7 +102,7 @@ def test_a_hung_upstream_is_cut_at_the_read_deadline(proxy) -> None:  # type: ig
             pass
     waited = time.monotonic() - started
     assert "sent nothing for 2 s" in str(err.value.message), err.value
-    assert waited < 30, waited  # the 2 s deadline, not httpx's 600 s
+    assert waited < 30, waited  # the 2 s deadline, not an HTTP library's default
     until(lambda: "reply cut off" in transcript_text(running.daemon), timeout=30,
           what="the cut reply recorded")
     assert "[reply cut off: the upstream sent nothing for 2 s]" in transcript_text(
@@ -115,3 +116,27 @@ def test_an_upstream_that_never_answers_gets_a_gateway_timeout(proxy) -> None:  
         client(running, timeout=60).chat.completions.create(
             model="stub-model", messages=MESSAGES, stream=True)  # type: ignore[arg-type]
     assert err.value.status_code == 504 and "timed out after 2 s" in err.value.message
+
+
+def test_an_upstream_that_refuses_connections_gets_a_bad_gateway(spawn, upstream) -> None:  # type: ignore[no-untyped-def]
+    """Nothing listens at the upstream's port: the chat and the model list are 502s naming the
+    cause, and the proxy keeps serving."""
+    stub, _script = upstream
+    d = daemon_for(spawn, stub)
+    proj = project(d.root, "proj", "Be brief.\n")
+    with socket.socket() as s:  # a port nothing listens on once this closes
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}/v1"
+    running = RunningProxy(d, dead, proj)
+    try:
+        for _ in range(2):
+            with pytest.raises(openai.APIStatusError) as err:
+                client(running, timeout=30).chat.completions.create(
+                    model="stub-model", messages=MESSAGES, stream=True)  # type: ignore[arg-type]
+            assert err.value.status_code == 502, err.value
+            assert "upstream unreachable" in err.value.message, err.value.message
+        with pytest.raises(openai.APIStatusError) as err:
+            client(running, timeout=30).models.list()
+        assert err.value.status_code == 502 and "upstream unreachable" in err.value.message
+    finally:
+        running.stop()

@@ -5,11 +5,11 @@ mapping and the upstream call.
 needs ``Authorization: Bearer <key>`` (else 401, nothing forwarded). A chat request is
 mapped onto a daemon session (``mapping``), its ``messages`` replaced by the client's system
 prompt plus the project's sections and the daemon's history, everything else forwarded
-unchanged with httpx; the upstream's status, content type and body bytes come back
+unchanged over the pooled upstream session (``upstream_http``); the upstream's status, content type and body bytes come back
 unchanged (SSE chunk by chunk) and the reply is recorded. A client that disconnects
 mid-stream cancels the upstream call; what arrived is recorded as a cut reply. A stream read
 to its end is complete even when the client closes right after (curl does); an upstream that
-breaks off, or sends nothing for ``upstream_read_s`` (``model.timeout_s``, not httpx's 600 s),
+breaks off, or sends nothing for ``upstream_read_s`` (``model.timeout_s``),
 is recorded with that cause and the client's stream ends with an SSE error event.
 """
 
@@ -20,8 +20,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
 import anyio
-import httpx2 as httpx
 import msgspec
 import structlog
 from starlette.applications import Starlette
@@ -47,6 +47,7 @@ from qwenctl.proxy.upstream import (
     normalize_tools,
     tokens_of,
 )
+from qwenctl.proxy.upstream_http import UpstreamError, UpstreamTimeout, open_session
 from qwenctxd.client import ClientError, RemoteError
 
 _decode = msgspec.json.Decoder().decode
@@ -86,7 +87,7 @@ def error(status: int, message: str, err_type: str = "invalid_request_error",
 
 
 class Proxy:
-    def __init__(self, cfg: ProxyConfig, daemon: Any, http: httpx.AsyncClient) -> None:
+    def __init__(self, cfg: ProxyConfig, daemon: Any, http: aiohttp.ClientSession) -> None:
         self.cfg, self.daemon, self.http = cfg, daemon, http
         self.sessions = SessionMap(daemon)
         self.windows = UpstreamWindow(http, cfg.upstream, self.upstream_headers,
@@ -133,11 +134,12 @@ class Proxy:
         if not keys.bearer_ok(request.headers.get("authorization"), self.cfg.key):
             return unauthorized()
         try:
-            r = await self.http.get(self.cfg.upstream.rstrip("/") + "/models",
-                                    headers=self.upstream_headers())
-        except httpx.HTTPError as exc:
+            async with self.http.get(self.cfg.upstream.rstrip("/") + "/models",
+                                     headers=self.upstream_headers()) as r:
+                raw = await r.read()
+        except (UpstreamError, UpstreamTimeout) as exc:
             return error(502, f"upstream unreachable: {type(exc).__name__}", "upstream_error")
-        return Response(r.content, status_code=r.status_code,
+        return Response(raw, status_code=r.status,
                         media_type=r.headers.get("content-type", "application/json"))
 
     async def chat(self, request: Request) -> Response:
@@ -301,15 +303,14 @@ class ChatExchange(Response):
                        send: Send) -> None:
         p = self.proxy
         sid_header = [(b"x-qwenctx-session", (st.session_id or "").encode())]
-        req = p.http.build_request("POST", p.cfg.upstream.rstrip("/") + "/chat/completions",
-                                   content=_encode(out), headers=p.upstream_headers())
         try:
-            resp = await p.http.send(req, stream=True)
-        except httpx.TimeoutException as exc:
+            resp = await p.http.post(p.cfg.upstream.rstrip("/") + "/chat/completions",
+                                     data=_encode(out), headers=p.upstream_headers())
+        except UpstreamTimeout as exc:  # first: aiohttp's timeouts are ClientErrors too
             await error(504, f"upstream timed out after {p.cfg.upstream_read_s:g} s: "
                              f"{type(exc).__name__}", "upstream_error")(scope, receive, send)
             return
-        except httpx.HTTPError as exc:
+        except UpstreamError as exc:
             await error(502, f"upstream unreachable: {type(exc).__name__}: {exc}",
                         "upstream_error")(scope, receive, send)
             return
@@ -318,21 +319,21 @@ class ChatExchange(Response):
         if resp.headers.get("cache-control"):
             headers.append((b"cache-control", resp.headers["cache-control"].encode()))
         try:
-            if resp.status_code != 200 or not self.body.get("stream"):
+            if resp.status != 200 or not self.body.get("stream"):
                 await self._whole(st, resp, headers, send)
             else:
                 await self._stream(st, resp, headers, receive, send)
         finally:
-            await resp.aclose()
+            resp.release()  # back to the pool when read to its end, else the connection closes
 
-    async def _whole(self, st: Any, resp: httpx.Response, headers: list[tuple[bytes, bytes]],
-                     send: Send) -> None:
+    async def _whole(self, st: Any, resp: aiohttp.ClientResponse,
+                     headers: list[tuple[bytes, bytes]], send: Send) -> None:
         try:
-            raw = await resp.aread()
-        except httpx.HTTPError as exc:
+            raw = await resp.read()
+        except (UpstreamError, UpstreamTimeout) as exc:
             await send_error_raw(send, 502, f"upstream reply cut: {type(exc).__name__}")
             return
-        if resp.status_code == 200:
+        if resp.status == 200:
             try:
                 parsed = json.loads(raw)
             except ValueError:
@@ -340,12 +341,12 @@ class ChatExchange(Response):
             msg = message_of_completion(parsed)
             if msg is not None:
                 await self._record(st, msg, usage_of(parsed), finish_reason_of(parsed))
-        await send({"type": "http.response.start", "status": resp.status_code,
+        await send({"type": "http.response.start", "status": resp.status,
                     "headers": [*headers, (b"content-length", str(len(raw)).encode())]})
         await send({"type": "http.response.body", "body": raw})
 
-    async def _stream(self, st: Any, resp: httpx.Response, headers: list[tuple[bytes, bytes]],
-                      receive: Receive, send: Send) -> None:
+    async def _stream(self, st: Any, resp: aiohttp.ClientResponse,
+                      headers: list[tuple[bytes, bytes]], receive: Receive, send: Send) -> None:
         """Pass the SSE stream through and record the reply with how it ended (see
         :class:`StreamEnd`): complete once the upstream's last byte is on its way to the client
         (a client that closes right after ``[DONE]`` changes nothing), else the first cause of
@@ -366,7 +367,8 @@ class ChatExchange(Response):
 
             tg.start_soon(watch_disconnect)
             try:
-                async for chunk in resp.aiter_raw():
+                # whatever has arrived, in one write: a burst of SSE events is one send
+                async for chunk in resp.content.iter_any():
                     acc.feed(chunk)
                     if acc.done:
                         end.finish()  # the stream is whole: set before its last send
@@ -377,10 +379,10 @@ class ChatExchange(Response):
                     end.cause("the upstream stream ended early")
                     await send_sse_error(send, end.reason or "", more=True)
                 await send({"type": "http.response.body", "body": b""})
-            except httpx.TimeoutException:
+            except UpstreamTimeout:
                 if end.cause(f"the upstream sent nothing for {self.proxy.cfg.upstream_read_s:g} s"):
                     await _quietly(send_sse_error(send, end.reason or ""))
-            except httpx.HTTPError:
+            except UpstreamError:
                 if end.cause("the upstream stream broke off"):
                     await _quietly(send_sse_error(send, end.reason or ""))
             except OSError:
@@ -463,11 +465,8 @@ def build_app(cfg: ProxyConfig) -> Starlette:
 
     @asynccontextmanager
     async def lifespan(app: Starlette):  # type: ignore[no-untyped-def]
-        limits = httpx.Limits(max_connections=256, max_keepalive_connections=64)
-        timeout = httpx.Timeout(connect=10.0, read=cfg.upstream_read_s, write=60.0, pool=60.0)
         daemon = DaemonLink(cfg.socket, autostart=cfg.autostart)
-        async with anyio.create_task_group() as tg, httpx.AsyncClient(
-                limits=limits, timeout=timeout) as http:
+        async with anyio.create_task_group() as tg, open_session(cfg.upstream_read_s) as http:
             await tg.start(daemon.run)
             holder["proxy"] = Proxy(cfg, daemon, http)
             yield

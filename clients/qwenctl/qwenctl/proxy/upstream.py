@@ -25,9 +25,10 @@ from dataclasses import dataclass
 from typing import Any, Final
 from urllib.parse import urlsplit, urlunsplit
 
-import httpx2 as httpx
+import aiohttp
 import structlog
 
+from qwenctl.proxy.upstream_http import UpstreamError, UpstreamTimeout
 from qwenctxd.tokens import estimate_tokens
 
 __all__ = ["ESTIMATE_FACTOR", "MIN_ANSWER_TOKENS", "DoesNotFit", "Fitted", "UpstreamWindow",
@@ -42,6 +43,8 @@ MIN_ANSWER_TOKENS: Final = 256
 #: per message: role markers and separators of the chat template
 MESSAGE_OVERHEAD_TOKENS: Final = 8
 EMPTY_SCHEMA: Final = {"type": "object", "properties": {}}
+#: each probe for the window (``/props``, ``/v1/models``, ``/api/show``) gives up after 5 s
+LEARN_TIMEOUT: Final = aiohttp.ClientTimeout(total=5.0)
 
 
 class DoesNotFit(Exception):
@@ -164,7 +167,7 @@ def _root(base_url: str) -> str:
 class UpstreamWindow:
     """The upstream's context window per model, learned on first use (see the module doc)."""
 
-    def __init__(self, http: httpx.AsyncClient, base_url: str,
+    def __init__(self, http: aiohttp.ClientSession, base_url: str,
                  headers: Callable[[], dict[str, str]], configured: int | None = None) -> None:
         self._http, self._base, self._headers = http, base_url.rstrip("/"), headers
         self._configured = configured
@@ -180,14 +183,15 @@ class UpstreamWindow:
 
     async def _get_json(self, method: str, url: str, body: Any = None) -> Any:
         try:
-            r = await self._http.request(method, url, headers=self._headers(), json=body,
-                                         timeout=5.0)
-        except httpx.HTTPError:
-            return None
-        if r.status_code != 200:
+            async with self._http.request(method, url, headers=self._headers(), json=body,
+                                          timeout=LEARN_TIMEOUT) as r:
+                if r.status != 200:
+                    return None
+                raw = await r.read()
+        except (UpstreamError, UpstreamTimeout):
             return None
         try:
-            return r.json()
+            return json.loads(raw)
         except ValueError:
             return None
 

@@ -1,0 +1,44 @@
+"""The proxy's HTTP client to the upstream: one pooled aiohttp session and its failure families.
+
+Every request the proxy forwards, and the few it makes to learn a model's window, go through
+the one :func:`open_session`: keep-alive HTTP/1.1 connections pooled per upstream, its
+response parser in C, a streamed body read as whatever has arrived
+(``content.iter_any()``, so a burst of SSE events is relayed in one write rather than one
+write an event). aiohttp replaced httpx here because the relay is the proxy's hot path: under
+32 concurrent streamed conversations httpx's pure-Python HTTP/1.1 stack was half the proxy's
+CPU (docs/benchmarks.md, issue 28).
+
+Bodies pass unchanged: no automatic decompression (the proxy asks for ``identity``), no
+default ``User-Agent`` beyond aiohttp's own. Environment proxies (``HTTPS_PROXY``,
+``NO_PROXY``) are honoured, as the openai SDK honours them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+
+#: the upstream could not be reached, or its reply broke off (connection refused, reset,
+#: a chunked body cut short, a malformed response)
+UpstreamError = aiohttp.ClientError
+#: the upstream sent nothing for the read deadline, or did not accept the connection in time
+#: (aiohttp's timeout errors are subclasses of this)
+UpstreamTimeout = asyncio.TimeoutError
+
+MAX_CONNECTIONS = 256
+KEEPALIVE_S = 30.0
+CONNECT_S = 10.0
+
+
+def open_session(read_s: float) -> aiohttp.ClientSession:
+    """The proxy's session: at most :data:`MAX_CONNECTIONS` connections, idle ones kept
+    :data:`KEEPALIVE_S`; ``read_s`` bounds every wait for the upstream's next bytes (the
+    reply's head included), not the whole reply — a long stream that keeps sending lives on.
+    Call from inside the running event loop; close it with ``await session.close()``."""
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=MAX_CONNECTIONS, keepalive_timeout=KEEPALIVE_S),
+        timeout=aiohttp.ClientTimeout(total=None, connect=CONNECT_S, sock_read=read_s),
+        auto_decompress=False,
+        trust_env=True,
+    )
