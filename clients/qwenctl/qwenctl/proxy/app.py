@@ -466,7 +466,7 @@ def build_app(cfg: ProxyConfig) -> Starlette:
     @asynccontextmanager
     async def lifespan(app: Starlette):  # type: ignore[no-untyped-def]
         daemon = DaemonLink(cfg.socket, autostart=cfg.autostart)
-        async with anyio.create_task_group() as tg, open_session(cfg.upstream_read_s) as http:
+        async with anyio.create_task_group() as tg, open_session(cfg.upstream_read_s, cfg.upstream) as http:
             await tg.start(daemon.run)
             holder["proxy"] = Proxy(cfg, daemon, http)
             yield
