@@ -161,9 +161,26 @@ def count_sessions_since(project: str | os.PathLike[str], since_ts: float | None
     return count
 
 
+#: how long a reading of /proc/meminfo answers :func:`memory_pressure` (the dream gate asks
+#: after every turn; reading and parsing the file each time was a third of that gate's cost)
+MEMINFO_TTL_S = 5.0
+_meminfo_cache: dict[float, tuple[float, bool]] = {}
+
+
 def memory_pressure(fraction: float = MEMORY_PRESSURE_FRACTION) -> bool:
     """True when the machine is short of memory (MemAvailable under ``fraction`` of MemTotal;
-    False when /proc/meminfo cannot be read). The daemon may use its own judgement instead."""
+    False when /proc/meminfo cannot be read), as of a reading at most :data:`MEMINFO_TTL_S`
+    old. The daemon may use its own judgement instead."""
+    now = time.monotonic()
+    hit = _meminfo_cache.get(fraction)
+    if hit is not None and now - hit[0] < MEMINFO_TTL_S:
+        return hit[1]
+    pressed = _read_memory_pressure(fraction)
+    _meminfo_cache[fraction] = (now, pressed)
+    return pressed
+
+
+def _read_memory_pressure(fraction: float) -> bool:
     try:
         with open("/proc/meminfo", encoding="ascii") as f:
             info = {k.strip(): v for k, _, v in (line.partition(":") for line in f)}
@@ -360,6 +377,10 @@ class Dreamer:
              force: bool = False, now: float | None = None) -> str | None:
         """Evaluate every gate for a project (blocking file I/O: meta.json, the chats dir, the
         lock file); the first skipped_reason, or None when a dream may start."""
+        if not enabled:  # the gates' order, before any file is read (asked after every turn)
+            return "disabled"
+        if memory_pressure:
+            return "memory_pressure"
         key = self._key(roots)
         now = self.clock() if now is None else now
         meta = store.read_meta(roots.state) if roots.state is not None else {}

@@ -79,8 +79,9 @@ class MemorySettings(_Section):
     auto_skill_tool_calls: PositiveInt = 20
     agent_timeout_minutes: Annotated[float, Meta(ge=0)] | None = None
     enable_team_memory: bool = False
-    # how long a user turn may wait for a memory recall already in flight (0: never wait)
-    prefetch_grace_ms: Annotated[int, Meta(ge=0, le=2000)] = 50
+    # how long a user turn may wait for its whole memory recall (the semantic tier's worker,
+    # the model selector); 0: only for the lexical answer, under a millisecond (sessions/turns.py)
+    prefetch_grace_ms: Annotated[int, Meta(ge=0, le=2000)] = 0
     # whether a user turn's recall asks the model selector: "auto" = yes, unless the side-query
     # endpoint is the local server the session's own agent uses (one slot; sessions/turns.py)
     recall_selector: Literal["auto", "on", "off"] = "auto"

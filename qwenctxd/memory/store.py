@@ -332,12 +332,36 @@ def remove_docs(paths: Iterable[Path]) -> list[Path]:
 # -- state files ------------------------------------------------------------------------------
 
 
+#: parsed state files by path, with the stat they were read at: ``meta.json`` and the extract
+#: cursor are asked for after every turn (the dream and extraction gates) and change rarely,
+#: so a hit costs one ``stat`` instead of an open, a read and a parse
+_JSON_CACHE: dict[str, tuple[tuple[int, ...], dict[str, Any]]] = {}
+_JSON_CACHE_MAX = 256
+
+
 def _read_json(path: Path) -> dict[str, Any] | None:
+    """The JSON object in ``path`` (a regular file), or None when missing, unreadable or not an
+    object. A top-level copy: callers may add or replace keys, not edit nested values."""
+    key = str(path)
+    try:
+        st = os.stat(path)
+    except OSError:
+        _JSON_CACHE.pop(key, None)
+        return None
+    seen = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    hit = _JSON_CACHE.get(key)
+    if hit is not None and hit[0] == seen and stat.S_ISREG(st.st_mode):
+        return dict(hit[1])
     try:
         data = json.loads(read_regular(path).decode("utf-8"))
     except (OSError, ValueError):
         return None
-    return data if isinstance(data, dict) else None
+    if not isinstance(data, dict):
+        return None
+    if len(_JSON_CACHE) >= _JSON_CACHE_MAX:
+        _JSON_CACHE.clear()
+    _JSON_CACHE[key] = (seen, data)
+    return dict(data)
 
 
 def read_meta(state: Path) -> dict[str, Any]:

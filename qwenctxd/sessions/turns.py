@@ -48,6 +48,9 @@ from qwenctxd.tokens import system_tokens
 
 log = structlog.get_logger("qwenctxd.turns")
 MAX_TOUCHED = 2000
+#: the longest a user turn waits for its recall's lexical answer (it is under a millisecond;
+#: this bounds a stalled SQLite thread, not the normal case)
+LEXICAL_WAIT_S = 0.05
 EXTENSION_FIELDS = ("is_error",)  # kept in history for micro-compaction, never sent
 
 
@@ -178,13 +181,22 @@ class TurnPipeline:
         if memory is None or not tasks.accepting or not memory.enabled(s.project):
             return
         exclude = sorted(d.surfaced)
-        early: dict[str, Any] = {}
+        answered = anyio.Event()  # the lexical answer exists, or the recall is over
+        early: dict[str, Any] = {"answered": answered}
+
+        def on_fused(outcome: Any) -> None:
+            early["outcome"] = outcome
+            answered.set()
+
         use_selector = self._selector_on(s)
 
         async def recall() -> Any:
-            return await memory.recall(s.project, query, active_tools=active_tools, exclude=exclude,
-                                       use_selector=use_selector,
-                                       on_fused=lambda o: early.__setitem__("outcome", o))
+            try:
+                return await memory.recall(s.project, query, active_tools=active_tools,
+                                           exclude=exclude, use_selector=use_selector,
+                                           on_fused=on_fused)
+            finally:
+                answered.set()
 
         d.prefetch_early = early
         d.prefetch = tasks.submit("recall", recall, project=str(s.project.anchor),
@@ -203,9 +215,14 @@ class TurnPipeline:
         return not (own and endpoint_key(own) == endpoint_key(side) and is_loopback(side))
 
     async def _take_prefetch(self, s: Session, *, wait: bool) -> wire.Reminder | None:
-        """The memory reminder of this turn: the best recall answer available by the user
-        turn's grace — the selector's when it is done, else the lexical tier's (never worse
-        with a model than without) — and on later turns what the selector chose beyond it."""
+        """The memory reminder of this turn: the best recall answer available — the whole
+        recall's when it has settled, else the lexical tier's (never worse with a model than
+        without) — and on later turns what the semantic tier and the selector found beyond it.
+
+        A user turn waits for the lexical answer only (SQLite FTS in this process, under a
+        millisecond; at most :data:`LEXICAL_WAIT_S`), never for the embedding worker or the
+        model selector, unless ``memory.prefetchGraceMs`` asks it to wait that long for the
+        whole recall."""
         d = s.deliveries
         rec = d.prefetch
         docs: list[Any] = []
@@ -214,8 +231,13 @@ class TurnPipeline:
         if rec is not None and not d.prefetch_delivered:
             if wait and rec.outcome is None:
                 grace = self._settings(s).memory.prefetch_grace_ms / 1000
-                with anyio.move_on_after(grace):
-                    await rec.done.wait()
+                answered = d.prefetch_early.get("answered")
+                if grace > 0 or answered is None:
+                    with anyio.move_on_after(grace):
+                        await rec.done.wait()
+                else:
+                    with anyio.move_on_after(LEXICAL_WAIT_S):
+                        await answered.wait()
             if rec.outcome is None:
                 early = d.prefetch_early.get("outcome")
                 if wait and early is not None and not d.prefetch_early.get("delivered"):
