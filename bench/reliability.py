@@ -100,6 +100,7 @@ class KillRun:
         self.restarted = threading.Condition(self.lock)
         self.generation = 0  # bumped by every restart
         self.done = threading.Event()
+        self.killer_errors: list[str] = []
 
     def _ack(self, log: ClientLog, mark: str) -> None:
         log.acked.append(mark)
@@ -176,6 +177,13 @@ class KillRun:
         c.close()
 
     def killer_main(self, kills: int, rng: random.Random, kill_log: list[dict[str, Any]]) -> None:
+        try:
+            self._kill_at_points(kills, rng, kill_log)
+        except Exception as exc:  # reported, and fails the run
+            self.killer_errors.append(f"{type(exc).__name__}: {str(exc)[:4000]}")
+
+    def _kill_at_points(self, kills: int, rng: random.Random,
+                        kill_log: list[dict[str, Any]]) -> None:
         total = len(self.logs) * self.turns * 2
         points = sorted(int(rng.uniform(0.1, 0.85) * total) for _ in range(kills))
         for point in points:
@@ -265,6 +273,7 @@ def kill_run(clients: int = KILL_CLIENTS, turns: int = KILL_TURNS, kills: int = 
             "reconnects": sum(log.reconnects for log in run.logs),
             "jsonl_lines": check["lines"], "torn_lines": check["torn_lines"],
             "client_errors": [e for log in run.logs for e in log.errors][:20],
+            "killer_errors": run.killer_errors,
             "hung_clients": hung, "wall_s": round(wall, 2),
         }
     finally:

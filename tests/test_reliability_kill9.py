@@ -14,6 +14,8 @@ from bench.reliability import kill_run
 def test_kill9_mid_run_loses_no_acknowledged_record() -> None:
     r = kill_run(clients=4, turns=10, kills=2, seed=7)
 
+    # the killer's own failure (a restart that did not come up) before anything that follows it
+    assert r["killer_errors"] == [], r["killer_errors"]
     # the whole result when the second kill never came (the clients stopped short of it)
     assert r["kills"] == 2, {k: v for k, v in r.items() if k != "torn_lines"}
     assert r["client_errors"] == []
