@@ -4,8 +4,11 @@ session files the daemon did not write (resume, recap input), and old OpenAI-sha
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from qwenctxd.testing.chat_validation import validate_chat_body
@@ -79,6 +82,36 @@ def test_sessions_opened_in_a_burst_share_a_snapshot_until_the_work_tree_moves(
     assert "git: ?? added.txt" in untracked
     assert "git: A  sub/deep.txt" in staged and "git: A  added.txt" in staged
     assert "third commit" in committed and "third commit" not in staged
+
+
+def test_sessions_opened_at_the_same_moment_make_one_git_query(
+        spawn: type[SpawnedDaemon], tmp_path: Path) -> None:
+    """A burst of concurrent ``session.open`` in one repository (32 proxied conversations, a
+    fan of subagents) waits on one git query instead of starting one each: every session gets
+    the snapshot, and git ran once (a ``git`` on PATH that logs each status call)."""
+    real_git = shutil.which("git")
+    assert real_git is not None
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "git-calls.log"
+    wrapper = bin_dir / "git"
+    wrapper.write_text(f"#!/bin/sh\ncase \"$*\" in *status*) echo status >> {calls} ;; esac\n"
+                       f"sleep 0.3\nexec {real_git} \"$@\"\n")
+    wrapper.chmod(0o755)
+    d = spawn(env={"PATH": f"{bin_dir}:{os.environ.get('PATH', '')}"}).start()
+    repo = make_repo(d.root)
+    sessions = 12
+
+    def open_one(_: int) -> str:
+        with d.client() as c:
+            sid = c.call("session.open", {"cwd": str(repo), "model": "m"})["session_id"]
+            return str(c.call("session.turn", {"session_id": sid, "kind": "user",
+                                               "text": "hi"})["system"])
+
+    with ThreadPoolExecutor(sessions) as pool:
+        systems = list(pool.map(open_one, range(sessions)))
+    assert all("git: Status: clean" in s for s in systems)
+    assert calls.read_text().count("status") == 1
 
 
 def write_qwen_session(path: Path, sid: str, cwd: str) -> None:

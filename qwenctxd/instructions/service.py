@@ -82,6 +82,15 @@ def _matches(names: set[str], name: str) -> bool:
     return name in names or any(fnmatch.fnmatchcase(name, n) for n in names if "*" in n)
 
 
+class _SnapshotFlight:
+    """A session's git query under way, for the sessions starting beside it."""
+
+    def __init__(self, prints: tuple[Any, ...]) -> None:
+        self.prints = prints
+        self.done = anyio.Event()
+        self.section: str | None = None  # None: it failed or was cancelled
+
+
 class InstructionsService:
     def __init__(
         self,
@@ -110,6 +119,7 @@ class InstructionsService:
         self._git: WatchedCache[Path, _GitEntry] = WatchedCache(hub, tasks, "git")
         #: root -> (taken at, git files' fingerprints, section): see GIT_SNAPSHOT_REUSE_S
         self._snapshots: dict[Path, tuple[float, tuple[Any, ...], str]] = {}
+        self._snapshot_flights: dict[Path, _SnapshotFlight] = {}  # git queries under way
         self._prompts: dict[tuple[Any, ...], tuple[tuple[Any, ...], SystemPrompt]] = {}
         self.rebuilds = 0
 
@@ -191,8 +201,23 @@ class InstructionsService:
         hit = self._snapshots.get(root)
         if hit is not None and now - hit[0] <= GIT_SNAPSHOT_REUSE_S and hit[1] == prints:
             return hit[2]
-        section = gitinfo.render_git_section(
-            await gitinfo.git_status(root, timeout_s=GIT_TIMEOUT_S))
+        flight = self._snapshot_flights.get(root)
+        if flight is not None and flight.prints == prints:
+            # a burst of sessions (32 conversations, a fan of subagents) starting at once:
+            # one git query, the others take its answer (the same git files, the same moment)
+            await flight.done.wait()
+            if flight.section is not None:
+                return flight.section
+        flight = _SnapshotFlight(prints)
+        self._snapshot_flights[root] = flight
+        try:
+            section = gitinfo.render_git_section(
+                await gitinfo.git_status(root, timeout_s=GIT_TIMEOUT_S))
+            flight.section = section
+        finally:
+            flight.done.set()
+            if self._snapshot_flights.get(root) is flight:
+                del self._snapshot_flights[root]
         if len(self._snapshots) > 256:
             self._snapshots.clear()
         self._snapshots[root] = (now, prints, section)
