@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -145,6 +146,38 @@ def test_a_fresh_partial_tail_is_a_live_writers_record_and_is_waited_for(path: P
         f.write(line[400:])
     new = w.append_message("user", user("ours"))
     w.close()
+    res = read_records(path)
+    assert res.torn == []
+    assert [r.uuid for r in res.records] == [written[0].uuid, "theirs", new.uuid]
+
+
+def test_an_append_waits_while_a_live_writers_partial_tail_is_unfinished(path: Path) -> None:
+    """The size at open is not ours when the file ends inside another writer's record: the
+    append is held (nothing written after the partial line) until that record ends."""
+    written = _write(path, 1)
+    line = msgspec.json.encode(ChatRecord(type="user", uuid="theirs", message=user("y"))) + b"\n"
+    with open(path, "ab") as f:
+        f.write(line[:30])
+
+    async def scenario() -> ChatRecord:
+        w = JsonlWriter(path, fsync="never")
+        before = path.read_bytes()
+        new = w.append_message("user", user("ours"))  # on a loop: deferred, never blocking
+        assert w.pending == 1
+        await asyncio.sleep(0.1)
+        assert w.pending == 1
+        assert path.read_bytes() == before
+        with open(path, "ab") as f:
+            f.write(line[30:])
+        for _ in range(200):
+            if not w.pending:
+                break
+            await asyncio.sleep(0.01)
+        assert w.pending == 0
+        w.close()
+        return new
+
+    new = asyncio.run(scenario())
     res = read_records(path)
     assert res.torn == []
     assert [r.uuid for r in res.records] == [written[0].uuid, "theirs", new.uuid]
@@ -361,3 +394,26 @@ def test_kill9_mid_append_loses_at_most_the_last_line(path: Path) -> None:
     again = read_records(path)
     assert len(again.records) == len(ids) + 1 and len(again.torn) == len(res.torn)
     assert resume(path).messages[-1] == user("after")
+
+
+def test_record_uuids_are_random_version_4_and_differ_in_a_forked_child() -> None:
+    """Record ids come from a PRNG seeded from the OS per process (no syscall per id): valid
+    version-4 uuids, no repeats, and a forked daemon does not replay its parent's sequence."""
+    import uuid
+
+    ids = [rec.record_uuid() for _ in range(20_000)]
+    assert len(set(ids)) == len(ids)
+    assert all(uuid.UUID(i).version == 4 and uuid.UUID(i).variant == uuid.RFC_4122
+               for i in ids[:100])
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child writes its next id and leaves at once
+        os.close(r)
+        os.write(w, rec.record_uuid().encode())
+        os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        child = f.read().decode()
+    os.waitpid(pid, 0)
+    assert uuid.UUID(child).version == 4
+    assert child != rec.record_uuid()

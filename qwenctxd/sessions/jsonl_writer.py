@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-import uuid as _uuid
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +32,7 @@ from qwenctxd.sessions.records import (
     FsyncPolicy,
     RecordType,
     now_iso,
+    record_uuid,
 )
 
 log = structlog.get_logger("qwenctxd.sessions")
@@ -107,19 +107,22 @@ class JsonlWriter:
             # lines waiting for the file to be safe to append to (shared_file.append_state)
             self._queue: list[bytes] = []
             self._watch = shared_file.TailWatch()
-            self._expected = size
             self._drainer: Any = None
             self.deferred_appends = 0
             self._torn: shared_file.Interleave | None = None  # our lines inside another's record
             self.interleaves_mended = 0
             self.interleaves_left = 0
             st = os.fstat(self._fd)
-            if (size and os.pread(self._fd, 1, size - 1) != b"\n"
-                    and time.time() - st.st_mtime >= shared_file.STALE_TAIL_S):
-                # a crashed writer's torn tail: close it so the next record starts a fresh line
-                # (a fresher one may be a live writer's record: the first append waits on it)
-                self._write(b"\n")
-                self._expected = size + 1
+            # the size whose end is a newline we know of (-1: none yet, the first append looks)
+            self._expected = size
+            if size and os.pread(self._fd, 1, size - 1) != b"\n":
+                self._expected = -1
+                if time.time() - st.st_mtime >= shared_file.STALE_TAIL_S:
+                    # a crashed writer's torn tail: close it so the next record starts a fresh
+                    # line (a fresher one may be a live writer's record: the first append
+                    # waits on it)
+                    self._write(b"\n")
+                    self._expected = size + 1
             if parent_uuid is msgspec.UNSET:
                 parent_uuid = _tail_uuid(self._fd, size) if size else None
             self.last_uuid: str | None = parent_uuid
@@ -143,7 +146,7 @@ class JsonlWriter:
             raise ValueError("JsonlWriter is closed")
         updates: dict[str, Any] = {}
         if not record.uuid:
-            updates["uuid"] = str(_uuid.uuid4())
+            updates["uuid"] = record_uuid()
         if chain and record.parentUuid is None and self.last_uuid is not None:
             updates["parentUuid"] = self.last_uuid
         if not record.sessionId:
@@ -187,9 +190,13 @@ class JsonlWriter:
         state = shared_file.append_state(fd, self._expected, self._watch, time.monotonic())
         if state == "wait" and not force:
             return False
-        size = os.fstat(fd).st_size
+        # The file is append-only, so at the size of our last write its end is our newline:
+        # the common case (nobody else wrote) reads no byte back. Each syscall here lets the
+        # GIL go, and on a busy daemon getting it back costs more than the call.
+        size = self._watch.size  # append_state's look, a moment ago
+        ours = size == self._expected
         lead = b""
-        if size != self._expected:
+        if not ours:
             if not shared_file.ends_in_newline(fd, size):
                 if state != "stale_tail" and not force:
                     return False  # a record begun since the look above: a live writer's
@@ -197,15 +204,16 @@ class JsonlWriter:
             self._rechain(fd)
         data = lead + b"".join(self._queue)
         # the last look right before the one write: nobody started a record meanwhile
-        if not force and (os.fstat(fd).st_size != size
-                          or (not lead and not shared_file.ends_in_newline(fd, size))):
+        if not force and (os.fstat(fd).st_size != size or (
+                not lead and not ours and not shared_file.ends_in_newline(fd, size))):
             return False
         self._write(data)
         self._queue.clear()
         self._expected = end = os.lseek(fd, 0, os.SEEK_CUR)
         start = end - len(data)
-        if not lead and start > 0 and os.pread(fd, 1, start - 1) != b"\n":
-            # another writer began a record between the last look and the write
+        if not lead and start > 0 and start != size and os.pread(fd, 1, start - 1) != b"\n":
+            # another writer began a record between the last look and the write (at the size
+            # of the last look, the byte before ours is the newline that look saw)
             self._torn = shared_file.Interleave(start, end)
         self._dirty = True
         if self.fsync_policy == "always":

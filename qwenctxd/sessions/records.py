@@ -21,6 +21,7 @@ raised. Unknown fields are ignored, so files written by later versions still rea
 from __future__ import annotations
 
 import os
+import random
 import re
 import uuid as _uuid
 from collections.abc import Iterator
@@ -144,6 +145,17 @@ def session_path(project: str | os.PathLike[str], session_id: str) -> Path:
 
 def new_session_id() -> str:
     return str(_uuid.uuid4())
+
+
+_uuid_bits = random.Random(os.urandom(32))
+os.register_at_fork(after_in_child=lambda: _uuid_bits.seed(os.urandom(32)))
+
+
+def record_uuid() -> str:
+    """A random (version 4) uuid for a record: unique, not secret, so drawn from a PRNG seeded
+    from the OS once per process — ``uuid.uuid4`` makes a ``getrandom`` call per id, which
+    lets the event-loop thread's GIL go to a busy worker thread on every record."""
+    return str(_uuid.UUID(int=_uuid_bits.getrandbits(128), version=4))
 
 
 def now_iso() -> str:

@@ -60,13 +60,14 @@ class TailWatch:
 
 
 def append_state(fd: int, expected_size: int, watch: TailWatch, now: float) -> AppendState:
-    """May a record be appended to ``fd`` now? ``expected_size``: the size after our last write."""
+    """May a record be appended to ``fd`` now? ``expected_size``: the size after our last write
+    (the writer's own size; -1 when it has none). Leaves the size it saw in ``watch.size``."""
     size = os.fstat(fd).st_size
     if size != watch.size:
         watch.size, watch.since = size, now
+    if size == expected_size:
+        return "ok"  # append-only: at our last write's size, the end is our newline
     newline = ends_in_newline(fd, size)
-    if size == expected_size and newline:
-        return "ok"
     quiet = now - watch.since
     if newline:
         return "ok" if quiet >= SETTLE_S else "wait"

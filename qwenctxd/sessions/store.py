@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -85,7 +84,7 @@ class SessionStore:
         rtype = {"user": "user", "assistant": "assistant", "tool": "tool_result"}.get(
             role or "", "system")
         rec = records.ChatRecord(
-            uuid=str(uuid.uuid4()), parentUuid=None, sessionId=s.id, timestamp=iso(time.time()),
+            uuid=records.record_uuid(), parentUuid=None, sessionId=s.id, timestamp=iso(time.time()),
             type=rtype if payload is None else "system", subtype=subtype, cwd=str(s.cwd),
             version=__version__, message=msg if payload is None else None, usage=usage,
             model=s.model if rtype == "assistant" else None, systemPayload=payload,
