@@ -18,6 +18,7 @@ import pytest
 from qwenctxd.sessions import records as rec
 from qwenctxd.sessions.jsonl_writer import JsonlWriter
 from qwenctxd.sessions.records import ChatRecord, read_records, resume, scan_summary
+from qwenctxd.testing.wait import until_async
 
 SID = "0b6c1f3e-8d2a-4c53-9a57-3f1e2d4c5b6a"
 
@@ -161,19 +162,15 @@ def test_an_append_waits_while_a_live_writers_partial_tail_is_unfinished(path: P
 
     async def scenario() -> ChatRecord:
         w = JsonlWriter(path, fsync="never")
-        before = path.read_bytes()
+        before = path.read_bytes()  # noqa: ASYNC240
         new = w.append_message("user", user("ours"))  # on a loop: deferred, never blocking
         assert w.pending == 1
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.1)  # sleep-ok: the other record stays unfinished this long
         assert w.pending == 1
-        assert path.read_bytes() == before
-        with open(path, "ab") as f:
+        assert path.read_bytes() == before  # noqa: ASYNC240
+        with open(path, "ab") as f:  # noqa: ASYNC230
             f.write(line[30:])
-        for _ in range(200):
-            if not w.pending:
-                break
-            await asyncio.sleep(0.01)
-        assert w.pending == 0
+        await until_async(lambda: w.pending == 0, timeout=5, what="the held append written")
         w.close()
         return new
 
