@@ -221,3 +221,28 @@ async def test_a_closed_index_is_never_reopened(tmp_path: Path) -> None:
     with pytest.raises(anyio.ClosedResourceError):
         await late.open()
     assert not (tmp_path / "t.sqlite").exists()
+
+
+@pytest.mark.asyncio
+async def test_touch_files_reads_each_files_size_and_mtime_in_one_transaction(
+        tmp_path: Path, runtime: Path, world: dict[str, Path]) -> None:
+    """A project's batch of per-turn touches: each row takes its file's real size and mtime,
+    a row no longer indexed is skipped, and a file that is gone reads as size 0."""
+    async with SessionIndex(tmp_path / "s.sqlite") as idx:
+        await idx.sync(runtime)
+        with JsonlWriter(world[IDS[1]], fsync="never") as w:  # the file grew since the sync
+            w.append(ChatRecord(type="user", message={"role": "user", "content": "more"}))
+        os.unlink(world[IDS[2]])
+        await idx.touch_files([
+            (IDS[1], ts(30), 4, "grown", str(world[IDS[1]])),
+            (IDS[2], ts(31), 1, None, str(world[IDS[2]])),
+            (IDS[4], ts(32), 1, None, str(tmp_path / "never-indexed.jsonl")),
+        ])
+        grown = await idx.get(IDS[1])
+        gone = await idx.get(IDS[2])
+        st = os.stat(world[IDS[1]])
+        assert grown is not None and gone is not None
+        assert (grown["updated_at"], grown["messages"], grown["title"]) == (ts(30), 4, "grown")
+        assert (grown["size"], grown["mtime_ns"]) == (st.st_size, st.st_mtime_ns)
+        assert (gone["size"], gone["mtime_ns"], gone["title"]) == (0, 0, None)
+        assert await idx.get(IDS[4]) is None

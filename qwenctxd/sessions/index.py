@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import stat
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +65,8 @@ ON CONFLICT(session_id) DO UPDATE SET
     updated_at = excluded.updated_at, messages = excluded.messages, title = excluded.title,
     size = excluded.size, mtime_ns = excluded.mtime_ns
 """
+_TOUCH = ("UPDATE sessions SET updated_at = ?, messages = ?, size = ?, mtime_ns = ?, "
+          "title = COALESCE(?, title) WHERE session_id = ?")
 _ORDER = "ORDER BY updated_at IS NULL, updated_at DESC, mtime_ns DESC"
 
 
@@ -188,17 +190,26 @@ class SessionIndex(CacheDatabase):
     ) -> None:
         """:meth:`touch` for many sessions in one transaction: ``(session_id, updated_at,
         messages, size, mtime_ns, title)`` each; rows no longer indexed are skipped."""
+        if rows:
+            await self._write_many(_TOUCH, [(updated, messages, size, mtime, title, sid)
+                                            for sid, updated, messages, size, mtime, title in rows])
+
+    async def touch_files(self, rows: Sequence[tuple[str, str | None, int, str | None, str]],
+                          ) -> None:
+        """:meth:`touch_many` with each file's size and mtime read in the same job on the
+        database thread: ``(session_id, updated_at, messages, title, path)`` each — a
+        project's batch of per-turn touches is one hand-off."""
         if not rows:
             return
-        db = self._conn()
-        assert self._lock is not None
-        async with self._lock:
-            await db.executemany(
-                "UPDATE sessions SET updated_at = ?, messages = ?, size = ?, mtime_ns = ?, "
-                "title = COALESCE(?, title) WHERE session_id = ?",
-                [(updated, messages, size, mtime, title, sid)
-                 for sid, updated, messages, size, mtime, title in rows])
-            await db.commit()
+
+        def params() -> list[tuple[Any, ...]]:
+            out = []
+            for sid, updated, messages, title, path in rows:
+                size, mtime = size_mtime(path)
+                out.append((updated, messages, size, mtime, title, sid))
+            return out
+
+        await self._write_many(_TOUCH, params)
 
     async def delete(self, session_id: str) -> bool:
         db = self._conn()
@@ -269,12 +280,33 @@ class SessionIndex(CacheDatabase):
             raise RuntimeError("SessionIndex is not open")
         return self._db
 
-    async def _write_many(self, sql: str, rows: list[tuple[Any, ...]]) -> None:
-        db = self._conn()
+    async def _write_many(self, sql: str,
+                          rows: list[tuple[Any, ...]] | Callable[[], list[tuple[Any, ...]]],
+                          ) -> None:
+        """``sql`` over ``rows`` (or what the callable returns, called on the database thread)
+        and the commit, as one job."""
         assert self._lock is not None
+
+        def job(conn: sqlite3.Connection) -> None:
+            try:
+                conn.executemany(sql, rows() if callable(rows) else rows)
+                conn.commit()
+            except BaseException:
+                conn.rollback()
+                raise
+
         async with self._lock:
-            await db.executemany(sql, rows)
-            await db.commit()
+            await self.run(job)
+
+
+def size_mtime(path: str | os.PathLike[str]) -> tuple[int, int]:
+    """``(size, mtime_ns)`` of ``path``; ``(0, 0)`` when it cannot be read."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return 0, 0
+    return st.st_size, st.st_mtime_ns
+
 
 def _under(path: str, root: Path) -> bool:
     try:

@@ -94,40 +94,32 @@ class SessionManager:
         settings = project.settings
         session_id = p.session_id or str(uuid.uuid4())
         path = records.session_path(cwd, session_id)
-        resumed = False
-        state: records.ResumeState | None = None
-        if p.resume or p.session_id:
-            found = await self.store.find(session_id, cwd)
-            if found is not None:
-                path = found
-                state = await anyio.to_thread.run_sync(records.resume, path)
-                resumed = True
-            elif p.resume:
-                raise errors.SessionNotFound(f"no recorded session {session_id}",
-                                             data={"session_id": session_id})
-        saved = (state.options or {}) if state is not None else {}
-        window, window_source = session_window(p.window_tokens, p.window_source, saved, settings)
-        pct = (p.auto_compact_threshold or _float(saved.get("autoCompactThreshold"))
-               or settings.context.auto_compact_threshold)
-        env = dict(p.env or {})
-        client_tools = p.tools if p.tools is not None else _tools(saved.get("tools"))
-        agent = ({"name": p.agent.name, **({"version": p.agent.version} if p.agent.version
-                                            else {})} if p.agent is not None
-                 else _agent(saved.get("agent")))
-        keep = p.keep_reasoning or saved.get("keepReasoning")
-        keep = keep if keep in KEEP_REASONING else "current_turn"
-        tools = with_skill_tool(client_tools)
-        opts = SessionOptions(
-            window_tokens=window, window_source=window_source, auto_compact_threshold=pct,
-            tools=tools,
-            tool_roles=tool_roles.classify(tools), agent=agent, keep_reasoning=keep,
-            own_skill=not any(tool_roles.tool_name(t) == SKILL_NAME for t in client_tools))
-        # the file's creation off the event loop: an O_CREAT waits on the filesystem journal
-        # while other sessions' fsyncs commit it (py-spy under bench/proxy.py: 0.7 ms a new
-        # session on the loop thread, every other request waiting behind it)
-        with anyio.CancelScope(shield=True):  # a cancelled open must not drop an open fd
-            writer = await anyio.to_thread.run_sync(self.store.writer_for, path)
+        files = await self.store.open_files(
+            session_id, cwd, path, find=bool(p.resume or p.session_id),
+            must_exist=bool(p.resume), qwen_home=project.qwen_home)
+        if files is None:
+            raise errors.SessionNotFound(f"no recorded session {session_id}",
+                                         data={"session_id": session_id})
+        path, state, writer = files.path, files.state, files.writer
+        resumed = state is not None
         try:
+            saved = (state.options or {}) if state is not None else {}
+            window, window_source = session_window(p.window_tokens, p.window_source, saved, settings)
+            pct = (p.auto_compact_threshold or _float(saved.get("autoCompactThreshold"))
+                   or settings.context.auto_compact_threshold)
+            env = dict(p.env or {})
+            client_tools = p.tools if p.tools is not None else _tools(saved.get("tools"))
+            agent = ({"name": p.agent.name, **({"version": p.agent.version} if p.agent.version
+                                                else {})} if p.agent is not None
+                     else _agent(saved.get("agent")))
+            keep = p.keep_reasoning or saved.get("keepReasoning")
+            keep = keep if keep in KEEP_REASONING else "current_turn"
+            tools = with_skill_tool(client_tools)
+            opts = SessionOptions(
+                window_tokens=window, window_source=window_source, auto_compact_threshold=pct,
+                tools=tools,
+                tool_roles=tool_roles.classify(tools), agent=agent, keep_reasoning=keep,
+                own_skill=not any(tool_roles.tool_name(t) == SKILL_NAME for t in client_tools))
             s = Session(
                 id=session_id, cwd=cwd, project=project, model=p.model, options=opts, env=env,
                 path=path, model_base_url=p.model_base_url,
@@ -159,9 +151,7 @@ class SessionManager:
                     warnings.append(f"skipped unreadable line {t.line_no} of {path.name}: {t.reason}")
             from qwenctxd.sessions import shared_file
 
-            for holder in await anyio.to_thread.run_sync(shared_file.holders, project.qwen_home,
-                                                         session_id):
-                warnings.append(shared_file.held_warning(holder))
+            warnings.extend(shared_file.held_warning(h) for h in files.holders)
             s.git_snapshot = await self.instructions.git_snapshot(project)
             self.sessions[session_id] = s
         except BaseException:  # not registered: nobody else would close it

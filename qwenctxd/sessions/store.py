@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -26,8 +27,8 @@ import structlog
 from qwenctxd import __version__
 from qwenctxd.paths import runtime_base_dir
 from qwenctxd.protocol import errors
-from qwenctxd.sessions import jsonl_writer, records
-from qwenctxd.sessions.index import SessionIndex
+from qwenctxd.sessions import jsonl_writer, records, shared_file
+from qwenctxd.sessions.index import SessionIndex, size_mtime
 from qwenctxd.sessions.state import Session
 from qwenctxd.tasks import TaskRegistry
 
@@ -37,6 +38,16 @@ FSYNC_INTERVAL_S = 1.0  # a live session's transcript is fsynced at most this of
 
 def iso(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).isoformat().replace("+00:00", "Z")
+
+
+@dataclass
+class OpenedFiles:
+    """A session's files as :meth:`SessionStore.open_files` found or made them."""
+
+    path: Path
+    state: records.ResumeState | None  # the recorded history, when the file existed
+    writer: jsonl_writer.JsonlWriter
+    holders: list[shared_file.Holder]
 
 
 class SessionStore:
@@ -72,6 +83,38 @@ class SessionStore:
         durable by that first background fsync too — not on session.open's path."""
         return jsonl_writer.JsonlWriter(path, fsync="interval", fsync_interval=float("inf"),
                                         defer_dir_sync=True)
+
+    async def open_files(self, session_id: str, cwd: Path, path: Path, *, find: bool,
+                         must_exist: bool, qwen_home: Path) -> OpenedFiles | None:
+        """What a ``session.open`` needs from the disk, as one worker-thread job (each hand-off
+        to a thread wakes it and passes the GIL: under 32 conversations opening at once they
+        were most of an open's cost): with ``find``, the recorded file of ``session_id``
+        (:meth:`find`) and its resumed state; the appender of that file, or of a new one at
+        ``path``; the running Qwen Code processes that registered the session. None when
+        ``must_exist`` and no file was found (no file is made then). The job is not abandoned
+        on cancellation: its writer holds an open descriptor (the caller closes it)."""
+        hint = None
+        if find:
+            row = await self.index.get(session_id)
+            hint = Path(row["path"]) if row and row.get("path") else None
+
+        def job() -> OpenedFiles | None:
+            found = _locate(session_id, cwd, hint) if find else None
+            if found is None and must_exist:
+                return None
+            state = records.resume(found) if found is not None else None
+            # the file's creation off the event loop: an O_CREAT waits on the filesystem
+            # journal while other sessions' fsyncs commit it
+            writer = self.writer_for(found or path)
+            try:
+                held = shared_file.holders(qwen_home, session_id)
+            except BaseException:
+                writer.close()
+                raise
+            return OpenedFiles(found or path, state, writer, held)
+
+        with anyio.CancelScope(shield=True):  # a cancelled open must not drop an open fd
+            return await anyio.to_thread.run_sync(job)
 
     def resumed(self, s: Session, messages: list[dict[str, Any]]) -> None:
         """``s`` continues a recorded history: its writer learns the tool calls in it."""
@@ -124,7 +167,7 @@ class SessionStore:
     # -- the index ------------------------------------------------------------------------------
     async def upsert(self, s: Session) -> None:
         """Write ``s``'s whole index row."""
-        size, mtime_ns = _size_mtime(s.path)
+        size, mtime_ns = size_mtime(s.path)
         summary = records.SessionSummary(
             session_id=s.id, path=str(s.path), cwd=str(s.cwd), started_at=iso(s.started_at),
             updated_at=iso(s.updated_at), messages=len(s.history.messages), title=s.title,
@@ -149,12 +192,9 @@ class SessionStore:
         batch = list(self._touches.pop(project, {}).values())
         if not batch:
             return
-        rows = [(s.id, iso(s.updated_at), len(s.history.messages), s.title, s.path)
-                for s in batch]
-        stats = await anyio.to_thread.run_sync(lambda: [_size_mtime(r[4]) for r in rows])
-        await self.index.touch_many([(sid, updated, messages, size, mtime, title)
-                                     for (sid, updated, messages, title, _), (size, mtime)
-                                     in zip(rows, stats, strict=True)])
+        await self.index.touch_files([
+            (s.id, iso(s.updated_at), len(s.history.messages), s.title, str(s.path))
+            for s in batch])
 
     async def rows(self, project: str | None) -> list[dict[str, Any]]:
         """The index rows (of ``project``'s sessions, or all), after a re-sync from the files."""
@@ -213,14 +253,6 @@ def _fsync(writer: jsonl_writer.JsonlWriter) -> None:
         writer.sync()
     except (OSError, ValueError):  # closed meanwhile: close() fsynced it
         pass
-
-
-def _size_mtime(path: Path) -> tuple[int, int]:
-    try:
-        st = path.stat()
-    except OSError:
-        return 0, 0
-    return st.st_size, st.st_mtime_ns
 
 
 def _locate(session_id: str, cwd: Path, hint: Path | None) -> Path | None:

@@ -12,11 +12,14 @@ from __future__ import annotations
 import os
 import sqlite3
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import aiosqlite
 import anyio
+
+T = TypeVar("T")
 
 
 class CacheDatabase:
@@ -76,6 +79,18 @@ class CacheDatabase:
         db, self._db = self._db, None
         if db is not None:
             await db.close()
+
+    async def run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """``fn(connection)`` in the connection's own thread, as one job: a batch of statements
+        (and its commit) costs one hand-off between the event loop and the database thread
+        instead of one per statement — each hand-off wakes a thread and passes the GIL, which
+        under a busy loop costs more than the statement (issue 28: the daemon's per-turn index
+        upkeep). aiosqlite queues every call on that thread this way (``Connection._execute``,
+        what its ``execute*`` are built on); ``fn`` must not block on the event loop."""
+        db = self._db
+        if db is None:
+            raise RuntimeError(f"{self.db_path.name} is not open")
+        return await db._execute(lambda: fn(db._conn))  # noqa: SLF001 — see the docstring
 
     async def _connect(self) -> aiosqlite.Connection:
         db = await aiosqlite.connect(self.db_path)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import sqlite3
+from collections.abc import Callable
 from typing import Any
 
 import aiosqlite
@@ -165,6 +166,78 @@ def _any_of(tokens: list[str]) -> str:
     return "(" + " OR ".join(f'"{t}"' for t in tokens) + ")"
 
 
+Reader = Callable[[list[str], dict[str, "FileState"]], tuple[list["FileUpdate"], list[str]]]
+_STATE_COLS = ("id, path, size, mtime_ns, offset, entries, torn, cwd, title, last_user, "
+               "last_role, last_time")
+_STATE_NAMES = [c.strip() for c in _STATE_COLS.split(",")]
+
+
+def _states(conn: sqlite3.Connection, paths: list[str] | None) -> dict[str, FileState]:
+    if paths is None:
+        rows = conn.execute(f"SELECT {_STATE_COLS} FROM files").fetchall()
+    else:
+        rows = []
+        for i in range(0, len(paths), 500):
+            part = paths[i:i + 500]
+            rows.extend(conn.execute(
+                f"SELECT {_STATE_COLS} FROM files WHERE path IN ({','.join('?' * len(part))})",
+                part).fetchall())
+    return {r[1]: FileState(**dict(zip(_STATE_NAMES, r, strict=True))) for r in rows}
+
+
+def _counts(conn: sqlite3.Connection) -> tuple[int, int, int, int]:
+    files, entries, torn, junk = conn.execute(
+        "SELECT COUNT(*), COALESCE(SUM(entries), 0), COALESCE(SUM(torn), 0), "
+        "COALESCE(SUM(entries = 0 AND torn > 0), 0) FROM files").fetchone()
+    return int(files), int(entries), int(torn), int(junk)
+
+
+def _apply(conn: sqlite3.Connection, updates: list[FileUpdate]) -> None:
+    """The updates in one transaction (rolled back whole on an error)."""
+    try:
+        for u in updates:
+            _apply_one(conn, u)
+        conn.commit()
+    except BaseException:
+        conn.rollback()
+        raise
+
+
+def _apply_one(conn: sqlite3.Connection, u: FileUpdate) -> None:
+    row = conn.execute("SELECT id FROM files WHERE path = ?", (u.path,)).fetchone()
+    file_id = row[0] if row else None
+    if file_id is not None and (u.gone or u.full):
+        low, high = _entry_id(file_id, 0), _entry_id(file_id, MAX_ENTRY)
+        conn.execute("DELETE FROM entries_fts WHERE rowid BETWEEN ? AND ?", (low, high))
+        conn.execute("DELETE FROM entries WHERE file_id = ?", (file_id,))
+    if u.gone:
+        if file_id is not None:
+            conn.execute("DELETE FROM files WHERE id = ?", (file_id,))
+        return
+    conn.execute(_UPSERT_FILE, (
+        u.path, u.session_id, u.project_slug, u.cwd, u.title, u.size, u.mtime_ns, u.offset,
+        u.entries, u.torn, u.last_user, u.last_role, u.last_time))
+    if file_id is None:
+        file_id = conn.execute("SELECT id FROM files WHERE path = ?", (u.path,)).fetchone()[0]
+    for entry, (text, body) in u.replaced.items():
+        eid = _entry_id(file_id, entry)
+        if conn.execute("UPDATE entries SET text = ? WHERE id = ?", (text, eid)).rowcount:
+            conn.execute("DELETE FROM entries_fts WHERE rowid = ?", (eid,))
+            conn.execute("INSERT INTO entries_fts(rowid, body, scope) VALUES (?, ?, ?)",
+                         (eid, body, _scope(u.project_slug, u.session_id, "user")))
+    kept = [r for r in u.rows if r.entry <= MAX_ENTRY]
+    if kept:
+        conn.executemany(
+            "INSERT OR REPLACE INTO entries(id, file_id, entry, role, ts, time, text) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            [(_entry_id(file_id, r.entry), file_id, r.entry, r.role, r.ts, r.time, r.text)
+             for r in kept])
+        conn.executemany(
+            "INSERT INTO entries_fts(rowid, body, scope) VALUES (?, ?, ?)",
+            [(_entry_id(file_id, r.entry), r.body,
+              _scope(u.project_slug, u.session_id, r.role)) for r in kept])
+
+
 class SearchIndex(CacheDatabase):
     """The FTS5 index of transcript entries (see the module docstring)."""
 
@@ -179,84 +252,38 @@ class SearchIndex(CacheDatabase):
 
     async def states(self, paths: list[str] | None = None) -> dict[str, FileState]:
         """``{path: FileState}`` for ``paths`` (every file when None)."""
-        db = self._conn()
-        cols = ("id, path, size, mtime_ns, offset, entries, torn, cwd, title, last_user, "
-                "last_role, last_time")
-        if paths is None:
-            rows = await db.execute_fetchall(f"SELECT {cols} FROM files")
-        else:
-            rows = []
-            for i in range(0, len(paths), 500):
-                part = paths[i:i + 500]
-                rows.extend(await db.execute_fetchall(
-                    f"SELECT {cols} FROM files WHERE path IN ({','.join('?' * len(part))})",
-                    part))
-        names = [c.strip() for c in cols.split(",")]
-        return {r[1]: FileState(**dict(zip(names, r, strict=True))) for r in rows}
+        return await self.run(lambda conn: _states(conn, paths))
 
     async def apply(self, updates: list[FileUpdate]) -> None:
         """Write a batch of file updates in one transaction."""
         if not updates:
             return
-        db = self._conn()
         assert self._lock is not None
         async with self._lock:
-            try:
-                for u in updates:
-                    await self._apply_one(db, u)
-                await db.commit()
-            except BaseException:
-                await db.rollback()
-                raise
+            await self.run(lambda conn: _apply(conn, updates))
 
-    async def _apply_one(self, db: aiosqlite.Connection, u: FileUpdate) -> None:
-        rows = await db.execute_fetchall("SELECT id FROM files WHERE path = ?", (u.path,))
-        file_id = rows[0][0] if rows else None
-        if file_id is not None and (u.gone or u.full):
-            await self._drop_entries(db, file_id)
-        if u.gone:
-            if file_id is not None:
-                await db.execute("DELETE FROM files WHERE id = ?", (file_id,))
-            return
-        await db.execute(_UPSERT_FILE, (
-            u.path, u.session_id, u.project_slug, u.cwd, u.title, u.size, u.mtime_ns, u.offset,
-            u.entries, u.torn, u.last_user, u.last_role, u.last_time))
-        if file_id is None:
-            rows = await db.execute_fetchall("SELECT id FROM files WHERE path = ?", (u.path,))
-            file_id = rows[0][0]
-        for entry, (text, body) in u.replaced.items():
-            eid = _entry_id(file_id, entry)
-            cur = await db.execute("UPDATE entries SET text = ? WHERE id = ?", (text, eid))
-            if cur.rowcount:
-                await db.execute("DELETE FROM entries_fts WHERE rowid = ?", (eid,))
-                await db.execute("INSERT INTO entries_fts(rowid, body, scope) VALUES (?, ?, ?)",
-                                 (eid, body, _scope(u.project_slug, u.session_id, "user")))
-        kept = [r for r in u.rows if r.entry <= MAX_ENTRY]
-        if kept:
-            await db.executemany(
-                "INSERT OR REPLACE INTO entries(id, file_id, entry, role, ts, time, text) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                [(_entry_id(file_id, r.entry), file_id, r.entry, r.role, r.ts, r.time, r.text)
-                 for r in kept])
-            await db.executemany(
-                "INSERT INTO entries_fts(rowid, body, scope) VALUES (?, ?, ?)",
-                [(_entry_id(file_id, r.entry), r.body,
-                  _scope(u.project_slug, u.session_id, r.role)) for r in kept])
+    async def read_and_apply(self, paths: list[str], read: Reader,
+                             ) -> tuple[list[str], tuple[int, int, int, int]]:
+        """One job on the database thread: the indexed states of ``paths``, ``read(paths,
+        states)`` (the files from those offsets: ``(updates, paths left unread)``), the
+        updates written in one transaction, and the counts after it. Returns the paths left
+        and the counts. A batch of appends costs the event loop one hand-off, not one per
+        statement."""
+        assert self._lock is not None
 
-    @staticmethod
-    async def _drop_entries(db: aiosqlite.Connection, file_id: int) -> None:
-        low, high = _entry_id(file_id, 0), _entry_id(file_id, MAX_ENTRY)
-        await db.execute("DELETE FROM entries_fts WHERE rowid BETWEEN ? AND ?", (low, high))
-        await db.execute("DELETE FROM entries WHERE file_id = ?", (file_id,))
+        def job(conn: sqlite3.Connection) -> tuple[list[str], tuple[int, int, int, int]]:
+            updates, unread = read(paths, _states(conn, paths))
+            if updates:
+                _apply(conn, updates)
+            return unread, _counts(conn)
+
+        async with self._lock:
+            return await self.run(job)
 
     async def counts(self) -> tuple[int, int, int, int]:
         """(files, their transcript entries, torn lines, junk files: torn lines and no entry);
         from the ``files`` rows only, so it stays cheap however many entries there are."""
-        rows = await self._conn().execute_fetchall(
-            "SELECT COUNT(*), COALESCE(SUM(entries), 0), COALESCE(SUM(torn), 0), "
-            "COALESCE(SUM(entries = 0 AND torn > 0), 0) FROM files")
-        files, entries, torn, junk = rows[0]
-        return int(files), int(entries), int(torn), int(junk)
+        return await self.run(_counts)
 
     async def scope_slugs(self, under: str) -> list[str]:
         """The project directories of the files recorded in ``under`` or below it."""

@@ -194,11 +194,9 @@ class SessionSearch:
             del self._dirty[p]
         self._in_batch = len(paths)
         try:
-            states = await self.index.states(paths)
-            updates, unread = await anyio.to_thread.run_sync(_read_batch, paths, states)
+            # states, the files read on from them, the writes and the counts: one job
+            unread, self._counts = await self.index.read_and_apply(paths, _read_batch)
             self._dirty = dict.fromkeys([*unread, *self._dirty])
-            await self.index.apply(updates)
-            self._counts = await self.index.counts()
             self.batches += 1
         finally:
             self._in_batch = 0
