@@ -225,3 +225,23 @@ def test_busy_while_stopping(spawn) -> None:  # type: ignore[no-untyped-def]
         assert exc.value.code == -32005
         assert c.call("daemon.status")["state"] == "draining"
     assert d.wait_exit() == 0
+
+
+def test_an_agent_turns_calls_log_at_info_only_when_they_fail(daemon: SpawnedDaemon) -> None:
+    """Every agent turn is a ``session.turn`` and a ``session.record_model``: logged at debug
+    (a line each at info was a tenth of the daemon's work per proxied request), while a failed
+    one, and every other method, is logged at info with its method and duration."""
+    with daemon.client() as c:
+        sid = c.call("session.open", {"cwd": str(daemon.home), "model": "m"})["session_id"]
+        c.call("session.turn", {"session_id": sid, "kind": "user", "text": "hi"})
+        c.call("session.record_model", {"session_id": sid,
+                                        "message": {"role": "assistant", "content": "hello"}})
+        with pytest.raises(Exception, match="must follow a turn"):
+            c.call("session.record_model", {"session_id": sid,
+                                            "message": {"role": "assistant", "content": "x"}})
+        c.call("daemon.status")
+    wait_until(lambda: "daemon.status" in daemon.requests(), timeout=10)
+    answered = daemon.requests()
+    assert "session.open" in answered
+    assert "session.turn" not in answered
+    assert answered.count("session.record_model") == 1  # the refused one only

@@ -212,6 +212,7 @@ class SkillReviewer:
         self.last: dict[str, ReviewResult] = {}  # by project root
         self._baseline: dict[str, int] = {}  # session id -> tool calls at its last review
         self._running: set[str] = set()
+        self._at_home: dict[Path, bool] = {}  # project root -> it is the home directory
 
     # -- gates ----------------------------------------------------------------------------------
     def project_root(self, session: Any) -> Path | None:
@@ -220,12 +221,16 @@ class SkillReviewer:
         root = session.project.root
         if root is None:
             return None
-        try:
-            if os.path.realpath(root) == os.path.realpath(self.home):
-                return None  # project skill dirs would be the user's again
-        except OSError:
-            pass
-        return root
+        at_home = self._at_home.get(root)
+        if at_home is None:  # asked after every turn: two realpath walks once per root
+            try:
+                at_home = os.path.realpath(root) == os.path.realpath(self.home)
+            except OSError:
+                at_home = False
+            if len(self._at_home) > 1024:
+                self._at_home.clear()
+            self._at_home[root] = at_home
+        return None if at_home else root  # at home, project skill dirs would be the user's
 
     def calls_since_review(self, session: ReviewedSession) -> int:
         seen = session.turn.tool_calls_seen

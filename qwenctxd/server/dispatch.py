@@ -39,6 +39,7 @@ Handler = Callable[[Any, Any], Awaitable[Any]]
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 
 MAX_BATCH = 256  # members of one batch
+SLOW_REQUEST_MS = 250.0  # a quiet method this slow is logged at info all the same
 MAX_BATCH_REPLY_BYTES = 64 * 1024 * 1024  # serialized replies of one batch
 
 _encoder = msgspec.json.Encoder()
@@ -62,7 +63,10 @@ class MethodSpec(Generic[P]):
     handler: Handler
     result: Any = None  # the table's result type (``rpc.discover`` reads it)
     allowed_while_stopping: bool = False
-    quiet: bool = False  # logged at debug instead of info (liveness probes)
+    #: logged at debug instead of info unless it fails or takes :data:`SLOW_REQUEST_MS` (the
+    #: liveness probes, and the two calls of every agent turn: a log line each was a tenth of
+    #: the daemon's work per proxied request)
+    quiet: bool = False
     inline: bool = False  # the handler never awaits: run in the read loop, without a task
 
 
@@ -220,7 +224,7 @@ class Dispatcher:
                 if code is not None:
                     self.errors += 1
                 dur = (time.perf_counter() - started) * 1000.0
-                if quiet and code is None:
+                if quiet and code is None and dur < SLOW_REQUEST_MS:
                     if daemon_logging.debug_enabled:
                         log.debug("request", method=name, duration_ms=round(dur, 3))
                 else:

@@ -31,11 +31,11 @@ class SessionHandlers:
         cwd, project = checked_project(self.projects, p.cwd)
         return await self.sessions.open(project, cwd, p)
 
-    @handler(methods.SESSION_TURN)
+    @handler(methods.SESSION_TURN, quiet=True)
     async def turn(self, ctx: Connection, p: wire.TurnParams) -> wire.AssembledPrompt:
         return await self.turns.turn(p)
 
-    @handler(methods.SESSION_RECORD_MODEL)
+    @handler(methods.SESSION_RECORD_MODEL, quiet=True)
     async def record_model(self, ctx: Connection, p: wire.RecordModelParams
                            ) -> wire.RecordModelResult:
         return await self.turns.record_model(p)
