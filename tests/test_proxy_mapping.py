@@ -3,6 +3,7 @@ cutting them into daemon steps. Hypothesis drives random valid chat histories.""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -141,3 +142,41 @@ def test_stream_accumulator_joins_deltas_split_anywhere() -> None:
     cut_msg = partial.message()
     assert "tool_calls" not in cut_msg
     assert cut_msg["content"].startswith("Hello\n\n[reply cut off:")
+
+
+@settings(max_examples=150, deadline=None)
+@given(texts=st.lists(st.text(max_size=12), max_size=12),
+       thoughts=st.lists(st.text(max_size=6), max_size=4),
+       odd=st.sampled_from([None, {"content": 5}, {"content": None}, "x", {"tool_calls": 3}]),
+       crlf=st.booleans(), cuts=st.lists(st.integers(min_value=0, max_value=4000), max_size=6))
+def test_stream_accumulator_reads_any_framing_and_skips_odd_events(
+        texts: list[str], thoughts: list[str], odd: Any, crlf: bool, cuts: list[int]) -> None:
+    """Whatever the chunking (an event split anywhere, CRLF or LF framing), the reply is the
+    joined deltas; an event of another shape is skipped without losing the others."""
+    nl = "\r\n" if crlf else "\n"
+
+    def event(obj: Any) -> str:
+        return f"data: {json.dumps(obj)}{nl}{nl}"
+
+    body = [event({"choices": [{"index": 0, "delta": {"reasoning_content": t}}]})
+            for t in thoughts]
+    body += [event({"choices": [{"index": 0, "delta": {"content": t}}]}) for t in texts]
+    if odd is not None:
+        body.insert(len(body) // 2, event({"choices": [{"index": 0, "delta": odd}]}))
+    body.append(event({"choices": [{"index": 1, "delta": {"content": "other choice"}}]}))
+    body.append(event({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+                       "usage": {"prompt_tokens": 3, "completion_tokens": 4}}))
+    body.append(f"data: [DONE]{nl}{nl}")
+    blob = "".join(body).encode()
+    acc = StreamAccumulator()
+    last = 0
+    for cut in sorted(c % (len(blob) + 1) for c in cuts):
+        acc.feed(blob[last:cut])
+        last = cut
+    acc.feed(blob[last:])
+    msg = acc.message()
+    assert msg["content"] == "".join(texts)
+    assert msg.get("reasoning_content", "") == "".join(thoughts)
+    assert acc.done and acc.finish_reason == "stop" and acc.complete
+    assert acc.usage == {"prompt_tokens": 3, "completion_tokens": 4}
+    assert acc.bytes == len(blob)
