@@ -53,7 +53,7 @@ class StreamTransport:
         self.framing = framing
         self.path = path
         self._decoder = FrameDecoder(framing)
-        self._send_lock = anyio.Lock()
+        self._send_lock = anyio.Lock(fast_acquire=True)  # one a call: no loop trip uncontended
 
     @classmethod
     async def connect(cls, path: str | os.PathLike[str], *,

@@ -105,6 +105,8 @@ class MemoryService:
         self._hits: dict[str, int] = {}
         self._hits_written: dict[Path, float] = {}  # monotonic time of the last write
         self._roots: dict[tuple[Path, Path | None, bool], mpaths.MemoryRoots] = {}
+        #: id(roots) -> (roots, [(root, its index file)]): the prompt stamp's paths, built once
+        self._index_paths: dict[int, tuple[mpaths.MemoryRoots, list[tuple[str, str]]]] = {}
 
     # -- roots ------------------------------------------------------------------------------------
     @staticmethod
@@ -340,13 +342,20 @@ class MemoryService:
         if not self.enabled(project):
             return ("off",)
         roots = self.roots(project)
+        indexes = self._index_paths.get(id(roots))
+        if indexes is None or indexes[0] is not roots:  # asked for every prompt: paths once
+            indexes = (roots, [(str(root), os.fspath(root / mpaths.INDEX_FILENAME))
+                               for _, root in self._scoped_roots(roots)])
+            if len(self._index_paths) > 1024:
+                self._index_paths.clear()
+            self._index_paths[id(roots)] = indexes
         out: list[Any] = []
-        for _, root in self._scoped_roots(roots):
+        for root, index in indexes[1]:
             try:
-                st = os.stat(root / mpaths.INDEX_FILENAME)
-                out.append((str(root), st.st_mtime_ns, st.st_size))
+                st = os.stat(index)
+                out.append((root, st.st_mtime_ns, st.st_size))
             except OSError:
-                out.append((str(root), None))
+                out.append((root, None))
         return tuple(out)
 
     # -- writes ---------------------------------------------------------------------------------------

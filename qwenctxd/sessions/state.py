@@ -374,7 +374,9 @@ class Session:
     usage: UsageAnchor = field(default_factory=UsageAnchor)
     git_snapshot: str | None = None  # the git section taken when the session (re)opened
     compaction: CompactionState = field(default_factory=CompactionState)
-    lock: anyio.Lock = field(default_factory=anyio.Lock)
+    #: held for each turn and reply; uncontended (the usual case) it is taken without a trip
+    #: through the event loop (``fast_acquire``: two a proxied request)
+    lock: anyio.Lock = field(default_factory=lambda: anyio.Lock(fast_acquire=True))
     started_at: float = field(default_factory=time.time)
     updated_at: float = field(default_factory=time.time)
     last_model_reply_at: float | None = None  # activity clock (see TurnState)

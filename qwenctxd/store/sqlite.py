@@ -54,7 +54,7 @@ class CacheDatabase:
             raise anyio.ClosedResourceError(f"{self.db_path.name} is closed")
         if self._db is not None:
             return
-        self._lock = anyio.Lock()
+        self._lock = anyio.Lock(fast_acquire=True)  # the writes' order; no loop trip uncontended
         self._opening = opening = anyio.Event()
         try:
             with anyio.CancelScope(shield=True):

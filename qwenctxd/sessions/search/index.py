@@ -26,6 +26,7 @@ such a query says little anyway, and ranking every match would cost the loop its
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import sqlite3
 from collections.abc import Callable
@@ -150,10 +151,12 @@ def _entry_id(file_id: int, entry: int) -> int:
     return (file_id << ENTRY_BITS) | entry
 
 
+@functools.lru_cache(maxsize=1024)  # per indexed entry: the same few projects and sessions
 def project_token(slug: str) -> str:
     return "p" + hashlib.blake2b(slug.encode(), digest_size=8).hexdigest()
 
 
+@functools.lru_cache(maxsize=1024)
 def session_token(session_id: str) -> str:
     return "s" + "".join(ch for ch in session_id.lower() if ch.isalnum())
 

@@ -48,7 +48,8 @@ class Mapped:
     pending: list[str] = field(default_factory=list)
     last_prompt: dict[str, Any] | None = None
     view: SessionHistory | None = None  # the daemon session's history, kept incrementally
-    lock: anyio.Lock = field(default_factory=anyio.Lock)
+    #: held for a whole exchange; uncontended it is taken without a trip through the loop
+    lock: anyio.Lock = field(default_factory=lambda: anyio.Lock(fast_acquire=True))
 
 
 class SessionMap:
