@@ -16,6 +16,7 @@ functions, no I/O; a leaf module (it imports nothing of the daemon).
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -171,6 +172,13 @@ def tool_result_chars(messages: Sequence[Mapping[str, Any]]) -> int:
 _SYSTEM_TOKENS: dict[tuple[str, int], tuple[list[dict[str, Any]], int]] = {}
 
 
+@functools.lru_cache(maxsize=64)
+def _text_tokens(text: str) -> int:
+    """:func:`estimate_tokens` of a system prompt or a tools declaration: the same few texts
+    come back with every session (a regex over ~15 000 characters each time otherwise)."""
+    return estimate_tokens(text)
+
+
 def system_tokens(system: str, tools: list[dict[str, Any]]) -> int:
     """The estimate for a system prompt plus tool declarations; cached per (text, tools list),
     since every turn and reply of a session asks for the same one."""
@@ -180,8 +188,9 @@ def system_tokens(system: str, tools: list[dict[str, Any]]) -> int:
         return hit[1]
     import msgspec
 
-    n = estimate_tokens(system) + (estimate_tokens(msgspec.json.encode(tools).decode())
-                                   if tools else 0)
+    # every new session brings its own tools list: the texts' estimates are cached by value
+    n = _text_tokens(system) + (_text_tokens(msgspec.json.encode(tools).decode())
+                                if tools else 0)
     if len(_SYSTEM_TOKENS) > 256:
         _SYSTEM_TOKENS.clear()
     _SYSTEM_TOKENS[key] = (tools, n)

@@ -376,3 +376,31 @@ def test_list_survives_a_lost_index(spawn, stub) -> None:  # type: ignore[no-unt
     assert again.call("daemon.drain", {"timeout_s": 10})["drained"]
     rows = again.call("session.list", {})["sessions"]
     assert [r["session_id"] for r in rows] == [sid] and rows[0]["messages"] == 4
+
+
+def test_opened_sessions_are_listed_at_once_and_indexed_in_the_background(
+        daemon: SpawnedDaemon) -> None:
+    """``session.open`` does not wait for the index: a session is listed right after it opens
+    (found by the list's scan), its row is written by the project's next index batch with its
+    project, and one deleted before that batch does not come back."""
+    import sqlite3
+
+    project = daemon.root / "work" / "proj"
+    project.mkdir(parents=True)
+    with daemon.client() as c:
+        sids = [c.call("session.open", {"cwd": str(project), "model": "m"})["session_id"]
+                for _ in range(6)]
+        listed = {r["session_id"] for r in c.call("session.list",
+                                                  {"cwd": str(project)})["sessions"]}
+        assert set(sids) <= listed
+        assert c.call("session.delete", {"session_id": sids[0]})["deleted"]
+        assert c.call("daemon.drain", {"timeout_s": 30})["drained"]
+        listed = {r["session_id"] for r in c.call("session.list",
+                                                  {"cwd": str(project)})["sessions"]}
+    assert listed == set(sids[1:])
+    db = daemon.home / ".local" / "state" / "qwenctxd" / "sessions.sqlite"
+    with sqlite3.connect(db) as conn:
+        rows = dict(conn.execute("SELECT session_id, project FROM sessions").fetchall())
+    conn.close()
+    assert set(rows) == set(sids[1:])
+    assert set(rows.values()) == {str(project)}

@@ -194,6 +194,36 @@ class SessionIndex(CacheDatabase):
             await self._write_many(_TOUCH, [(updated, messages, size, mtime, title, sid)
                                             for sid, updated, messages, size, mtime, title in rows])
 
+    async def write_sessions(self, new: Sequence[tuple[SessionSummary, str | None]],
+                             touched: Sequence[tuple[str, str | None, int, str | None, str]],
+                             ) -> None:
+        """One job on the database thread, one transaction: the whole rows of sessions not
+        indexed yet (``(summary, project)``; as :meth:`upsert`) and the touches of the others
+        (as :meth:`touch_files`), every file's size and mtime read in the same job."""
+        if not new and not touched:
+            return
+        assert self._lock is not None
+
+        def job(conn: sqlite3.Connection) -> None:
+            try:
+                if new:
+                    conn.executemany(_UPSERT, [
+                        _row(msgspec.structs.replace(summary, size=size, mtime_ns=mtime),
+                             project)
+                        for summary, project in new
+                        for size, mtime in (size_mtime(summary.path),)])
+                if touched:
+                    conn.executemany(_TOUCH, [
+                        (updated, messages, *size_mtime(path), title, sid)
+                        for sid, updated, messages, title, path in touched])
+                conn.commit()
+            except BaseException:
+                conn.rollback()
+                raise
+
+        async with self._lock:
+            await self.run(job)
+
     async def touch_files(self, rows: Sequence[tuple[str, str | None, int, str | None, str]],
                           ) -> None:
         """:meth:`touch_many` with each file's size and mtime read in the same job on the

@@ -166,8 +166,8 @@ class SessionManager:
             s.usage.anchor.system_tokens = sys_tok
         tokens, _ = s.estimate(sys_tok)
         s.usage.prompt_tokens = tokens
-        if not resumed:
-            await self.store.upsert(s)
+        if not resumed:  # its index row: written by the project's next index batch
+            self.store.schedule_touch(s, new=True)
         log.info("session opened", session=session_id, resumed=resumed, messages=len(s.history.messages),
                  torn=len(torn))
         return wire.OpenResult(session_id=session_id, resumed=resumed, messages=len(s.history.messages),

@@ -61,6 +61,7 @@ class SessionStore:
         self._last_fsync: dict[str, float] = {}  # session id → monotonic time of its last job
         #: per project, the sessions whose index rows wait for the next batched touch
         self._touches: dict[str, dict[str, Session]] = {}
+        self._unindexed: set[str] = set()  # sessions opened whose row the next batch writes
 
     # -- lifecycle ----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -174,8 +175,10 @@ class SessionStore:
             size=size, mtime_ns=mtime_ns)
         await self.index.upsert(summary, project=str(s.project.anchor))
 
-    def schedule_touch(self, s: Session) -> None:
-        """Refresh ``s``'s index row (time, size, messages, title) in a background job. The
+    def schedule_touch(self, s: Session, *, new: bool = False) -> None:
+        """Refresh ``s``'s index row (time, size, messages, title) in a background job; with
+        ``new``, write its whole row there (a session just opened: ``session.open`` does not
+        wait for the database, and ``session.list`` finds the file by its scan meanwhile). The
         touches of a project's sessions are batched: one job writes every row touched since the
         last one, in one transaction (32 concurrent conversations: one commit instead of one
         per turn, the aiosqlite thread being the daemon's busiest under that load)."""
@@ -187,14 +190,23 @@ class SessionStore:
             self.tasks.submit("index", lambda: self._write_touches(project),
                               key=f"index-touches:{project}", project=project)
         pending[s.id] = s
+        if new:
+            self._unindexed.add(s.id)
 
     async def _write_touches(self, project: str) -> None:
         batch = list(self._touches.pop(project, {}).values())
         if not batch:
             return
-        await self.index.touch_files([
-            (s.id, iso(s.updated_at), len(s.history.messages), s.title, str(s.path))
-            for s in batch])
+        new = [s for s in batch if s.id in self._unindexed]
+        fresh = {s.id for s in new}
+        self._unindexed -= fresh
+        await self.index.write_sessions(
+            [(records.SessionSummary(
+                session_id=s.id, path=str(s.path), cwd=str(s.cwd), started_at=iso(s.started_at),
+                updated_at=iso(s.updated_at), messages=len(s.history.messages), title=s.title),
+              str(s.project.anchor)) for s in new],
+            [(s.id, iso(s.updated_at), len(s.history.messages), s.title, str(s.path))
+             for s in batch if s.id not in fresh])
 
     async def rows(self, project: str | None) -> list[dict[str, Any]]:
         """The index rows (of ``project``'s sessions, or all), after a re-sync from the files."""
@@ -212,6 +224,9 @@ class SessionStore:
     async def delete(self, session_id: str, path: Path | None) -> bool:
         """Remove ``session_id``'s file (``path``, else found) and its index row; whether a
         file was removed."""
+        for pending in self._touches.values():  # a batch still to come must not bring it back
+            pending.pop(session_id, None)
+        self._unindexed.discard(session_id)
         if path is None:
             row = await self.index.get(session_id)
             path = Path(row["path"]) if row and row.get("path") else None
