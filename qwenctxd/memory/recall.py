@@ -109,7 +109,8 @@ async def recall(corpus: Corpus, query: str, *, model: ModelClient,
                  semantic: SemanticUpkeep | None, active_tools: Sequence[str] = (),
                  exclude: Sequence[str] = (), limit: int = render.MAX_RELEVANT_DOCS,
                  use_selector: bool = True, selector_timeout_s: float | None = None,
-                 on_fused: Callable[[RecallOutcome], None] | None = None) -> RecallOutcome:
+                 on_fused: Callable[[RecallOutcome], None] | None = None,
+                 background: bool = False) -> RecallOutcome:
     """See the module docstring. ``on_fused`` gets each answer without the selector as soon as
     it exists — the lexical one, then the fused one — so a turn that cannot wait for the
     semantic tier or the model delivers the best answer there is by then."""
@@ -131,7 +132,8 @@ async def recall(corpus: Corpus, query: str, *, model: ModelClient,
         started = time.monotonic()
         answered["rank"] = await semantic.rank(
             corpus.key, query, generation=corpus.generation, wait_s=SEMANTIC_WAIT_S,
-            limit=SEMANTIC_CANDIDATES, exclude=excluded, related=related)
+            limit=SEMANTIC_CANDIDATES, exclude=excluded, related=related,
+            background=background)
         answered["ms"] = _ms(started)
 
     async with anyio.create_task_group() as tg:

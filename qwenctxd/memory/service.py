@@ -239,12 +239,14 @@ class MemoryService:
                      exclude: Sequence[str] = (), limit: int = render.MAX_RELEVANT_DOCS,
                      use_selector: bool = True, selector_timeout_s: float | None = None,
                      on_fused: Callable[[RecallOutcome], None] | None = None,
-                     ) -> RecallOutcome:
+                     background: bool = False) -> RecallOutcome:
         """The memories for ``query`` (:func:`qwenctxd.memory.recall.recall`: lexical and
         semantic tiers fused, refined by the model selector when one is configured and
         ``use_selector`` is on). Never worse with a model than without: ``on_fused`` is handed
         the answer without the selector as soon as it exists, and a selector that fails,
-        answers nothing or misses ``selector_timeout_s`` leaves that answer standing."""
+        answers nothing or misses ``selector_timeout_s`` leaves that answer standing.
+        ``background``: nobody waits for the semantic tier (a turn's prefetch): its query is
+        embedded below the daemon's priority."""
         proj = await self.load(project)
         semantic_on = self._semantic is not None and project.settings.memory.recall.semantic
         if semantic_on:
@@ -256,7 +258,7 @@ class MemoryService:
             corpus, query, model=self._model(), semantic=self._semantic,
             active_tools=active_tools, exclude=exclude, limit=limit,
             use_selector=use_selector, selector_timeout_s=selector_timeout_s,
-            on_fused=on_fused)
+            on_fused=on_fused, background=background)
         return self._counted(proj, outcome)
 
     def _embed_soon(self, proj: _Project, *, first: bool = True) -> None:

@@ -192,9 +192,11 @@ class TurnPipeline:
 
         async def recall() -> Any:
             try:
+                # the turn waits for the lexical answer only: the query's embedding runs
+                # below the daemon's priority, after the turns being served
                 return await memory.recall(s.project, query, active_tools=active_tools,
                                            exclude=exclude, use_selector=use_selector,
-                                           on_fused=on_fused)
+                                           on_fused=on_fused, background=True)
             finally:
                 answered.set()
 

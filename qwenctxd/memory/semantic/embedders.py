@@ -39,8 +39,8 @@ class WorkerEmbedder:
             self._described = (str(info["id"]), int(info["dim"]))
         return self._described
 
-    async def embed(self, texts: list[str], *, query: bool) -> Any:
-        return await self._process.embed(self._name, texts, query=query)
+    async def embed(self, texts: list[str], *, query: bool, background: bool = False) -> Any:
+        return await self._process.embed(self._name, texts, query=query, background=background)
 
 
 class RemoteEmbedder:
@@ -58,8 +58,8 @@ class RemoteEmbedder:
         assert self.endpoint.dim is not None
         return self.endpoint.id, self.endpoint.dim
 
-    async def embed(self, texts: list[str], *, query: bool) -> Any:
-        return await self.endpoint.embed(texts, query=query)
+    async def embed(self, texts: list[str], *, query: bool, background: bool = False) -> Any:
+        return await self.endpoint.embed(texts, query=query)  # another machine's CPU
 
 
 def build(config: Any, process: EmbedderProcess, *, packaged: tuple[str, ...] = PACKAGED,

@@ -67,7 +67,8 @@ class EmbedderProcess:
         self._reader: BufferedByteReceiveStream | None = None
         self._lock = anyio.Lock()
         self._owed = 0
-        self._waiting: dict[str, _QueryBatch] = {}  # per model: queries not yet sent
+        #: per (model, background): queries not yet sent
+        self._waiting: dict[tuple[str, bool], _QueryBatch] = {}
         self._deaths: list[float] = []
         self._closed = False
         self.started_at: float | None = None
@@ -82,11 +83,14 @@ class EmbedderProcess:
     def pid(self) -> int | None:
         return self._proc.pid if self.running and self._proc is not None else None
 
-    async def embed(self, model: str, texts: list[str], *, query: bool) -> Any:
+    async def embed(self, model: str, texts: list[str], *, query: bool,
+                    background: bool = False) -> Any:
         """An (n, dim) float32 array of L2-normalised rows (one query: batched with the
-        queries that wait beside it, see the module docstring)."""
+        queries that wait beside it, see the module docstring). A ``background`` query (a
+        turn's recall prefetch, which nobody waits for) is embedded at the worker's build
+        priority, so under a CPU contest the turns being served go first."""
         if query and len(texts) == 1:
-            return await self._query(model, texts[0])
+            return await self._query(model, texts[0], background)
         return self._vectors(await self.request(
             {"op": "embed", "model": model, "query": query, "texts": texts}), len(texts))
 
@@ -95,9 +99,10 @@ class EmbedderProcess:
         np = numpy_module()
         return np.frombuffer(reply["data"], dtype=np.float32).reshape(n, int(reply["dim"]))
 
-    async def _query(self, model: str, text: str) -> Any:
+    async def _query(self, model: str, text: str, background: bool = False) -> Any:
+        key = (model, background)
         while True:
-            batch = self._waiting.get(model)
+            batch = self._waiting.get(key)
             if batch is not None and len(batch.texts) < MAX_QUERY_BATCH:
                 i = len(batch.texts)
                 batch.texts.append(text)
@@ -107,21 +112,21 @@ class EmbedderProcess:
                 if batch.vectors is not None:
                     return batch.vectors[i:i + 1]
                 continue  # its sender was cancelled before it went: try again
-            batch = self._waiting[model] = _QueryBatch(text)
+            batch = self._waiting[key] = _QueryBatch(text)
             try:
                 async with self._lock:
-                    if self._waiting.get(model) is batch:
-                        del self._waiting[model]  # closed: later queries start the next one
+                    if self._waiting.get(key) is batch:
+                        del self._waiting[key]  # closed: later queries start the next one
                     texts = list(batch.texts)
-                    reply = await self._exchange(
-                        {"op": "embed", "model": model, "query": True, "texts": texts})
+                    reply = await self._exchange({"op": "embed", "model": model, "query": True,
+                                                  "background": background, "texts": texts})
                 batch.vectors = self._vectors(self._checked(reply), len(texts))
             except EmbedderUnavailable as exc:
                 batch.error = exc
                 raise
             finally:
-                if self._waiting.get(model) is batch:
-                    del self._waiting[model]
+                if self._waiting.get(key) is batch:
+                    del self._waiting[key]
                 batch.done.set()
             return batch.vectors[0:1]
 

@@ -50,7 +50,9 @@ class Embedder(Protocol):
     source: str  # "packaged" | "endpoint" | "local"
 
     async def describe(self) -> tuple[str, int]: ...  # (model id, dimension), cached
-    async def embed(self, texts: list[str], *, query: bool) -> Any: ...
+    #: ``background``: a query nobody waits for (a turn's prefetch): the embedder may run it
+    #: below the daemon's priority
+    async def embed(self, texts: list[str], *, query: bool, background: bool = False) -> Any: ...
 
 
 #: a query's cosine with the memories' centroid is read only over this many memories (over a
@@ -212,7 +214,7 @@ class SemanticIndex:
         return _Matrix(model, paths, rows, scales, np.asarray(starts, dtype=np.int64), centroid)
 
     async def rank(self, query: str, *, limit: int, exclude: set[str] | None = None,
-                   related: dict[str, float] | None = None,
+                   related: dict[str, float] | None = None, background: bool = False,
                    ) -> tuple[dict[str, list[tuple[str, float]]], dict[str, str]]:
         """Per embedder with vectors: (path, cosine) best first, at most ``limit``; and per
         embedder that failed to embed the query, why (the others still answer). ``related``
@@ -227,7 +229,7 @@ class SemanticIndex:
             if m is None or not m.paths:
                 continue
             try:
-                q = (await emb.embed([text], query=True))[0]
+                q = (await emb.embed([text], query=True, background=background))[0]
             except EmbedderUnavailable as exc:
                 failed[emb.key] = str(exc)
                 continue

@@ -26,6 +26,7 @@ from qwenctxd.memory.semantic.vectors import VectorCache
 from qwenctxd.tasks import TaskRegistry
 
 log = structlog.get_logger("qwenctxd.memory.semantic")
+BACKGROUND_RANK_S = 5.0  # the longest a background query's ranking may take
 VECTORS_FILENAME = "recall-vectors.sqlite"
 
 
@@ -110,6 +111,7 @@ class SemanticUpkeep:
 
     async def rank(self, key: Path, query: str, *, generation: int, wait_s: float, limit: int,
                    exclude: set[str], related: dict[str, float] | None = None,
+                   background: bool = False,
                    ) -> tuple[dict[str, list[tuple[str, float]]], str | None]:
         """Per embedder (path, cosine) lists, and why the tier is not (fully) there, if so;
         ``related``: see :meth:`SemanticIndex.rank`."""
@@ -121,9 +123,11 @@ class SemanticUpkeep:
                 await s.done.wait()
         reason = None if s.index.current(generation) else "building"
         try:
-            with anyio.fail_after(max(wait_s, 0.5)):
+            # a background query (a turn's prefetch) may wait its turn behind the work being
+            # served: nobody waits for it, the next turn delivers it
+            with anyio.fail_after(BACKGROUND_RANK_S if background else max(wait_s, 0.5)):
                 ranked, failed = await s.index.rank(query, limit=limit, exclude=exclude,
-                                                    related=related)
+                                                    related=related, background=background)
         except TimeoutError:
             return {}, "late"
         if failed:

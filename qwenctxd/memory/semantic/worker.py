@@ -243,7 +243,9 @@ def write_frame(stream: BinaryIO, payload: dict[str, Any]) -> None:
 
 def serve(inp: BinaryIO, out: BinaryIO) -> None:
     """Answer frames from ``inp`` on ``out`` until end of input: a query's embedding in this
-    thread, a build's in a thread :data:`NICE` steps below (one request at a time either way)."""
+    thread, a build's and a ``background`` query's (a turn's recall prefetch, which the turn
+    does not wait for) in a thread :data:`NICE` steps below (one request at a time either
+    way)."""
     from concurrent.futures import ThreadPoolExecutor
 
     models: dict[str, Model] = {}
@@ -264,10 +266,11 @@ def serve(inp: BinaryIO, out: BinaryIO) -> None:
             else:
                 texts = [str(t) for t in req["texts"]]
                 query = bool(req.get("query"))
-                if query:  # a recall waits for it: at the daemon's priority
+                if query and not req.get("background"):
+                    # a recall waits for it: at the daemon's priority
                     raw = model.embed(texts, True)
-                else:  # a build's batch: below it (see NICE)
-                    raw = background.submit(model.embed, texts, False).result()
+                else:  # a build's batch, or a turn's prefetch nobody waits for: below it (NICE)
+                    raw = background.submit(model.embed, texts, query).result()
                 vectors = _normalised(raw)
                 reply = {"ok": True, "dim": int(vectors.shape[1]), "data": vectors.tobytes()}
         except Missing as exc:
