@@ -25,6 +25,9 @@ class RunningProxy:
                  extra_env: dict[str, str] | None = None,
                  extra_args: tuple[str, ...] = ()) -> None:
         self.daemon = daemon
+        #: SDK clients made by :func:`client`: closed by :meth:`stop`, so no pooled socket is
+        #: left to the collector (its ResourceWarning lands in whichever test runs then)
+        self.clients: list[openai.OpenAI] = []
         env = {**daemon.env, "QWENCTXD_SOCKET": str(daemon.socket), **(extra_env or {})}
         self.env = env
         self.log = daemon.root / "proxy.log"
@@ -59,6 +62,8 @@ class RunningProxy:
         return self.log.read_text(errors="replace")
 
     def stop(self) -> None:
+        for c in self.clients:
+            c.close()
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
@@ -123,8 +128,11 @@ def forwarded(stub: ScriptedOpenAI) -> list[dict[str, Any]]:
 
 
 def client(proxy: RunningProxy, **kw: Any) -> openai.OpenAI:
-    return openai.OpenAI(base_url=proxy.base_url, api_key=proxy.key, max_retries=0,
-                         timeout=kw.pop("timeout", 60.0), **kw)
+    """An openai SDK client of the proxy (``base_url`` may be given), closed with it."""
+    c = openai.OpenAI(base_url=kw.pop("base_url", proxy.base_url), api_key=kw.pop(
+        "api_key", proxy.key), max_retries=0, timeout=kw.pop("timeout", 60.0), **kw)
+    proxy.clients.append(c)
+    return c
 
 
 @pytest.fixture

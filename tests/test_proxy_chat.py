@@ -105,7 +105,7 @@ def test_tool_call_round_trip(setup) -> None:  # type: ignore[no-untyped-def]
 def test_auth_is_required_and_nothing_is_forwarded(setup) -> None:  # type: ignore[no-untyped-def]
     proxy, stub, _script, _ = setup
     before = len(stub.chat_requests)
-    bad = openai.OpenAI(base_url=proxy.base_url, api_key="wrong", max_retries=0)
+    bad = client(proxy, api_key="wrong")
     with pytest.raises(openai.AuthenticationError) as exc:
         bad.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
     assert exc.value.status_code == 401
@@ -123,8 +123,7 @@ def test_second_project_by_path(setup) -> None:  # type: ignore[no-untyped-def]
     proxy, stub, script, proj = setup
     other = project(proj.parent, "other", "Other project rule: use tabs.\n")
     script.replies.append(Reply(content="from other"))
-    c = openai.OpenAI(base_url=f"{proxy.root}/p/{encode_project(other)}/v1", api_key=proxy.key,
-                      max_retries=0)
+    c = client(proxy, base_url=f"{proxy.root}/p/{encode_project(other)}/v1")
     r = c.chat.completions.create(model="stub-model", messages=[  # type: ignore[arg-type]
         {"role": "system", "content": CLIENT_SYSTEM}, {"role": "user", "content": "hi other"}])
     assert r.choices[0].message.content == "from other"
