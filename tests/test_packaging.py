@@ -119,7 +119,12 @@ def test_wheel_installs_and_runs_outside_the_checkout(tmp_path: Path, spawn) -> 
         assert "EnvironmentFile=-%h/.config/qwenctxd/env" in service
         stop = run(str(bin_ / "qwenctl"), "stop", cwd=tmp_path, env=env)
         assert stop.returncode == 0, stop.stderr
-        assert proc.wait(20) == 0
+        try:
+            code = proc.wait(20)
+        except subprocess.TimeoutExpired:
+            raise AssertionError("the installed daemon did not exit after `qwenctl stop`:\n"
+                                 + stop.stdout + stop.stderr + d.log_text()[-6000:]) from None
+        assert code == 0, d.log_text()[-6000:]
     finally:
         if proc.poll() is None:
             proc.kill()
