@@ -10,21 +10,32 @@ in each directory, names sorted case-insensitively); folders that are never wort
 (``.git``, ``node_modules``, virtualenvs, caches) appear as ``name/...`` and are not entered,
 and a directory whose entries did not fit ends with ``...``. Only ``os.scandir``: no file is
 opened, symlinked directories are not followed.
+
+:class:`EnvironmentReminders` gathers it in a worker thread for a session starting now, and
+shares it with the sessions that start in the same directory within :data:`REUSE_S` while the
+directory's own mtime is unchanged (a burst of 32 proxied conversations, a fan of subagents:
+one walk, not 32 threads walking the same tree at once).
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+
+import anyio
+import anyio.to_thread
 
 MAX_TREE_ITEMS = 20
 SKIPPED_DIRS = frozenset({".git", "node_modules", ".venv", "venv", "__pycache__", ".mypy_cache",
                           ".pytest_cache", ".ruff_cache", ".tox", "dist", "build", ".next"})
 MAX_DIR_ENTRIES = 2_000  # a huge directory is sampled, never read whole
+REUSE_S = 2.0  # sessions starting in one directory this close together share its reminder
 
 
 @dataclass
@@ -124,3 +135,56 @@ def environment_reminder(cwd: Path, *, now: datetime | None = None) -> str:
         f"{folder_tree(cwd)}\n"
         "</system-reminder>"
     )
+
+
+def _mtime(path: Path) -> int | None:
+    try:
+        return os.stat(path).st_mtime_ns
+    except OSError:
+        return None
+
+
+class _Gathered:
+    def __init__(self, at: float) -> None:
+        self.at = at
+        self.mtime: int | None = None
+        self.text: str | None = None  # None while being gathered, or if that failed
+        self.done = anyio.Event()
+
+
+class EnvironmentReminders:
+    """The environment reminder of sessions starting now (see the module docstring)."""
+
+    def __init__(self, *, reuse_s: float = REUSE_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.reuse_s = reuse_s
+        self._clock = clock
+        self._by_dir: dict[Path, _Gathered] = {}
+        self.walks = 0  # folder walks made (the rest were shared)
+
+    async def get(self, cwd: Path, *, limiter: anyio.CapacityLimiter | None = None) -> str:
+        made = self._by_dir.get(cwd)
+        if made is not None:
+            if made.text is None:
+                await made.done.wait()  # being gathered for a session starting beside this one
+                if made.text is not None:
+                    return made.text
+            elif self._clock() - made.at <= self.reuse_s and _mtime(cwd) == made.mtime:
+                return made.text
+        made = self._by_dir[cwd] = _Gathered(self._clock())
+
+        def gather() -> tuple[int | None, str]:
+            return _mtime(cwd), environment_reminder(cwd)
+
+        try:
+            made.mtime, made.text = await anyio.to_thread.run_sync(gather, limiter=limiter)
+            self.walks += 1
+        finally:
+            made.done.set()
+            if made.text is None and self._by_dir.get(cwd) is made:
+                del self._by_dir[cwd]
+        if len(self._by_dir) > 256:  # forget the stale ones
+            now = self._clock()
+            for d in [d for d, g in self._by_dir.items() if now - g.at > self.reuse_s]:
+                del self._by_dir[d]
+        return made.text

@@ -63,6 +63,25 @@ def _tail_uuid(fd: int, size: int) -> str | None:
     return None
 
 
+def _open_for_append(path: Path) -> tuple[int, bool]:
+    """An ``O_APPEND`` descriptor of ``path`` (made ``0600``, its directory ``0700`` if need
+    be) and whether the file was there before. A new session's file (the usual case: a burst of
+    32 conversations makes 32 at once) costs one ``open``; each call on a worker thread lets
+    the GIL go and waits to get it back."""
+    flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
+    for _ in range(2):
+        try:
+            return os.open(path, flags | os.O_EXCL, 0o600), False
+        except FileExistsError:
+            try:
+                return os.open(path, flags & ~os.O_CREAT), True
+            except FileNotFoundError:  # removed in between: make it
+                continue
+        except FileNotFoundError:  # no chats directory yet
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return os.open(path, flags, 0o600), False
+
+
 class JsonlWriter:
     """Appends ChatRecords to one session file; one writer per session, used from one task.
 
@@ -98,12 +117,11 @@ class JsonlWriter:
         self._dirty = False
         self._last_sync = time.monotonic()
         self._dir_pending = False
-        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        existed = self.path.exists()
-        flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
-        self._fd: int | None = os.open(self.path, flags, 0o600)
+        self._fd: int | None = None
+        self._fd, existed = _open_for_append(self.path)
         try:
-            size = os.fstat(self._fd).st_size
+            st = os.fstat(self._fd)
+            size = st.st_size
             # lines waiting for the file to be safe to append to (shared_file.append_state)
             self._queue: list[bytes] = []
             self._watch = shared_file.TailWatch()
@@ -112,7 +130,6 @@ class JsonlWriter:
             self._torn: shared_file.Interleave | None = None  # our lines inside another's record
             self.interleaves_mended = 0
             self.interleaves_left = 0
-            st = os.fstat(self._fd)
             # the size whose end is a newline we know of (-1: none yet, the first append looks)
             self._expected = size
             if size and os.pread(self._fd, 1, size - 1) != b"\n":

@@ -36,7 +36,7 @@ from qwenctxd.protocol.instructions import prefix_hash
 from qwenctxd.sessions import records
 from qwenctxd.sessions.agent_request import begin_foreground, end_foreground, system_prompt
 from qwenctxd.sessions.compacting import Compactor, Events, compute_thresholds
-from qwenctxd.sessions.environment import environment_reminder
+from qwenctxd.sessions.environment import EnvironmentReminders
 from qwenctxd.sessions.incoming import incoming_messages
 from qwenctxd.sessions.state import REASONING_KEYS, Session, SessionTable
 from qwenctxd.sessions.store import SessionStore
@@ -91,6 +91,8 @@ class TurnPipeline:
         self.user_turn_hooks = tuple(user_turn_hooks)
         self.turn_complete_hooks = tuple(turn_complete_hooks)
         self._prefix: dict[tuple[str, int], str] = {}
+        #: a new session's date, OS, cwd and folder tree (shared by sessions starting together)
+        self.environments = EnvironmentReminders()
 
     # -- session.turn ---------------------------------------------------------------------------
     async def turn(self, p: wire.TurnParams) -> wire.AssembledPrompt:
@@ -118,7 +120,7 @@ class TurnPipeline:
                 self._start_prefetch(s, p.text, p.active_tools or [])
             reminders.extend(await self._skill_reminders(s, p.touched_paths or []))
             if first_turn:  # date, OS, cwd, folder tree: once, into history (Qwen Code's order)
-                text = await anyio.to_thread.run_sync(environment_reminder, s.cwd)
+                text = await self.environments.get(s.cwd)
                 reminders.append(wire.Reminder(kind="environment", text=text))
             reminders.extend(await self._rule_reminders(s, p.touched_paths or []))
             memory = await self._take_prefetch(s, wait=p.kind == "user")
