@@ -180,3 +180,17 @@ def test_stream_accumulator_reads_any_framing_and_skips_odd_events(
     assert acc.done and acc.finish_reason == "stop" and acc.complete
     assert acc.usage == {"prompt_tokens": 3, "completion_tokens": 4}
     assert acc.bytes == len(blob)
+
+
+def test_the_chat_fast_path_takes_exactly_the_chat_routes_paths() -> None:
+    """What goes straight to the chat exchange is what the chat routes would match; anything
+    else (models, a nested /p/ token, a near miss) stays with the router."""
+    from qwenctl.proxy.app import chat_project
+
+    token = encode_project("/work/repo")
+    assert chat_project("/v1/chat/completions") == ""
+    assert chat_project(f"/p/{token}/v1/chat/completions") == token
+    for other in ("/v1/models", f"/p/{token}/v1/models", "/v1/chat/completions/",
+                  "/p//v1/chat/completions", "/p/a/b/v1/chat/completions",
+                  "/x/v1/chat/completions", "/v1/chat/completionsx"):
+        assert chat_project(other) is None, other
