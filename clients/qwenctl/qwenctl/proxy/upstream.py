@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Callable, Mapping
@@ -71,7 +72,7 @@ class DoesNotFit(Exception):
 
 @dataclass
 class Fitted:
-    prompt_tokens: int
+    prompt_tokens: int | None  # None: no window to fit to, so not counted
     max_tokens: int | None
     dropped_messages: int = 0
 
@@ -79,6 +80,16 @@ class Fitted:
 def tokens_of(obj: Any) -> int:
     """The estimate for ``obj`` as sent (JSON text for structures)."""
     text = obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False)
+    if len(text) > _LONG_TEXT:  # a system prompt or a tools list: the same every request
+        return _long_text_tokens(text)
+    return math.ceil(estimate_tokens(text) * ESTIMATE_FACTOR)
+
+
+_LONG_TEXT = 4096
+
+
+@functools.lru_cache(maxsize=64)
+def _long_text_tokens(text: str) -> int:
     return math.ceil(estimate_tokens(text) * ESTIMATE_FACTOR)
 
 
@@ -111,6 +122,13 @@ def _turn_starts(messages: list[dict[str, Any]]) -> list[int]:
 def fit_request(out: dict[str, Any], window: int | None, cap: int | None = None) -> Fitted:
     """Fit ``out`` (the body to forward; changed in place) to ``window`` tokens; ``cap``
     (``qwenctl proxy --max-tokens``) bounds every answer budget besides."""
+    if window is None:  # nothing to fit to: the whole history is not even counted
+        if cap is not None:
+            for key in ("max_tokens", "max_completion_tokens"):
+                if isinstance(out.get(key), int) and out[key] > cap:
+                    out[key] = cap
+            out.setdefault("max_tokens", cap)
+        return Fitted(prompt_tokens=None, max_tokens=cap)
     messages: list[dict[str, Any]] = out.get("messages") or []
     tools = out.get("tools")
     tools_tokens = tokens_of(tools) if tools else 0
@@ -119,13 +137,6 @@ def fit_request(out: dict[str, Any], window: int | None, cap: int | None = None)
     system_tokens = sum(message_tokens(m) for m in system)
     sizes = [message_tokens(m) for m in rest]
     total = system_tokens + tools_tokens + sum(sizes)
-    if window is None:
-        if cap is not None:
-            for key in ("max_tokens", "max_completion_tokens"):
-                if isinstance(out.get(key), int) and out[key] > cap:
-                    out[key] = cap
-            out.setdefault("max_tokens", cap)
-        return Fitted(prompt_tokens=total, max_tokens=cap)
     dropped = 0
     if total + MIN_ANSWER_TOKENS > window:
         starts = _turn_starts(rest)
