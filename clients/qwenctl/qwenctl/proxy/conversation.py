@@ -66,8 +66,8 @@ def parse(messages: Any) -> Conversation:
         where = f"messages[{i}]"
         if not isinstance(m, dict):
             raise BadRequest(f"{where} must be an object", where)
-        unknown = sorted(set(m) - MESSAGE_FIELDS)
-        if unknown:
+        if not m.keys() <= MESSAGE_FIELDS:  # every message of every request: the C check first
+            unknown = sorted(set(m) - MESSAGE_FIELDS)
             raise BadRequest(f"{where} has unknown field {unknown[0]!r}", f"{where}.{unknown[0]}")
         role = m.get("role")
         if role not in ROLES:
