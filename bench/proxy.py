@@ -13,6 +13,9 @@ endpoint when the model is on) and the proxy as a real process, then:
   answers at once (a CPU contest between the stub and proxy + daemon on 2 cores), once at a model's pace
   (``PACED``: a chunk every 2 ms), and once at a local model's pace (``MODEL_PACE``: a chunk
   every 20 ms, where the upstream and not the CPU sets the rate);
+* the CPU each process spends on a proxied request in the instant-upstream rounds
+  (``concurrent32_cpu_ms_per_request``: the daemon, its embedding worker, the proxy, and this
+  process — the client and the stub — from ``/proc``), the figure the ratio depends on;
 * with the model on: ``daemon.ping`` round trips on a connection of its own while an
   extraction runs (from its first request to the model until the daemon reports none in
   flight).
@@ -204,7 +207,53 @@ def ping_during_extraction(d: SpawnedDaemon, proxy_url: str, key: str,
             "rounds_with_extraction": rounds_with_extraction, **stats(pings)}
 
 
-def measure(direct_url: str, proxy_url: str, key: str, upstream: Upstream) -> dict[str, Any]:
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (``/proc/<pid>/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def children(pid: int) -> list[int]:
+    """The child processes of ``pid`` (the daemon's embedding worker)."""
+    out: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            out += [int(c) for c in (task / "children").read_text().split()]
+    return out
+
+
+class CpuMeter:
+    """CPU milliseconds per request of each process in a proxied round: the daemon (and its
+    embedding worker), the proxy, and this process (the bench's client and the stub)."""
+
+    def __init__(self, pids: dict[str, int]) -> None:
+        self.pids = pids
+        self.rounds: list[dict[str, float]] = []
+
+    @contextlib.contextmanager
+    def round(self, requests: int) -> Iterator[None]:
+        procs = dict(self.pids)
+        kids = children(self.pids["daemon"])
+        if kids:
+            procs["worker"] = kids[0]
+        before = {name: cpu_s(pid) for name, pid in procs.items()}
+        mine = time.process_time()
+        yield
+        spent: dict[str, float] = {}
+        for name, pid in procs.items():
+            with contextlib.suppress(OSError):  # a worker that exited meanwhile: not counted
+                spent[name] = cpu_s(pid) - before[name]
+        spent["bench"] = time.process_time() - mine
+        self.rounds.append({name: round(v / requests * 1000, 3) for name, v in spent.items()})
+
+    def summary(self) -> dict[str, float]:
+        names = sorted({n for r in self.rounds for n in r})
+        return {n: round(statistics.median(r.get(n, 0.0) for r in self.rounds), 3)
+                for n in names}
+
+
+def measure(direct_url: str, proxy_url: str, key: str, upstream: Upstream,
+            meter: CpuMeter | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {"n": N}
     with httpx.Client(timeout=60) as c:
         for _ in range(10):  # warm up both paths
@@ -246,7 +295,9 @@ def measure(direct_url: str, proxy_url: str, key: str, upstream: Upstream) -> di
         try:
             for _ in range(rounds):
                 direct_rps = asyncio.run(conversations(direct_url, "x", 32, 5, timed["direct"]))
-                proxy_rps = asyncio.run(conversations(proxy_url, key, 32, 5, timed["proxy"]))
+                with (meter.round(32 * 5) if meter is not None and reply is None
+                      else contextlib.nullcontext()):
+                    proxy_rps = asyncio.run(conversations(proxy_url, key, 32, 5, timed["proxy"]))
                 pairs.append((direct_rps, proxy_rps))
         finally:
             upstream.paced = None
@@ -257,6 +308,9 @@ def measure(direct_url: str, proxy_url: str, key: str, upstream: Upstream) -> di
         out[f"{prefix}proxy_req_per_s"] = round(statistics.median(p for _, p in pairs), 1)
         out[f"{prefix}round_ratios"] = [round(p / d, 3) for d, p in pairs]
         out[f"{prefix}ratio"] = round(statistics.median(p / d for d, p in pairs), 3)
+    if meter is not None and meter.rounds:
+        # CPU ms a proxied request, median over the instant-upstream rounds
+        out["concurrent32_cpu_ms_per_request"] = meter.summary()
     return out
 
 
@@ -332,7 +386,8 @@ def configuration(model: bool, *, quiet_ms: int | None = None) -> dict[str, Any]
                 upstream.memory_dir = Path(roots["project"])
                 configured = c.call("daemon.status")["model"]
             with profiled(model, {"daemon": d.proc.pid, "proxy": proc.pid}) as profile:
-                out = measure(stub.base_url, purl, key, upstream)
+                out = measure(stub.base_url, purl, key, upstream,
+                              CpuMeter({"daemon": d.proc.pid, "proxy": proc.pid}))
             out.update(profile)
             if model:
                 out["ping_during_extraction"] = ping_during_extraction(d, purl, key, upstream)
