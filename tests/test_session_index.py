@@ -224,7 +224,7 @@ async def test_a_closed_index_is_never_reopened(tmp_path: Path) -> None:
 
 
 @pytest.mark.asyncio
-async def test_touch_files_reads_each_files_size_and_mtime_in_one_transaction(
+async def test_a_touch_batch_reads_each_files_size_and_mtime_in_one_transaction(
         tmp_path: Path, runtime: Path, world: dict[str, Path]) -> None:
     """A project's batch of per-turn touches: each row takes its file's real size and mtime,
     a row no longer indexed is skipped, and a file that is gone reads as size 0."""
@@ -233,7 +233,7 @@ async def test_touch_files_reads_each_files_size_and_mtime_in_one_transaction(
         with JsonlWriter(world[IDS[1]], fsync="never") as w:  # the file grew since the sync
             w.append(ChatRecord(type="user", message={"role": "user", "content": "more"}))
         os.unlink(world[IDS[2]])
-        await idx.touch_files([
+        await idx.write_sessions([], [
             (IDS[1], ts(30), 4, "grown", str(world[IDS[1]])),
             (IDS[2], ts(31), 1, None, str(world[IDS[2]])),
             (IDS[4], ts(32), 1, None, str(tmp_path / "never-indexed.jsonl")),

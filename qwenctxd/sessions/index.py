@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import stat
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -199,7 +199,8 @@ class SessionIndex(CacheDatabase):
                              ) -> None:
         """One job on the database thread, one transaction: the whole rows of sessions not
         indexed yet (``(summary, project)``; as :meth:`upsert`) and the touches of the others
-        (as :meth:`touch_files`), every file's size and mtime read in the same job."""
+        (``(session_id, updated_at, messages, title, path)``; as :meth:`touch_many`), every
+        file's size and mtime read in the same job: a project's batch is one hand-off."""
         if not new and not touched:
             return
         assert self._lock is not None
@@ -223,23 +224,6 @@ class SessionIndex(CacheDatabase):
 
         async with self._lock:
             await self.run(job)
-
-    async def touch_files(self, rows: Sequence[tuple[str, str | None, int, str | None, str]],
-                          ) -> None:
-        """:meth:`touch_many` with each file's size and mtime read in the same job on the
-        database thread: ``(session_id, updated_at, messages, title, path)`` each — a
-        project's batch of per-turn touches is one hand-off."""
-        if not rows:
-            return
-
-        def params() -> list[tuple[Any, ...]]:
-            out = []
-            for sid, updated, messages, title, path in rows:
-                size, mtime = size_mtime(path)
-                out.append((updated, messages, size, mtime, title, sid))
-            return out
-
-        await self._write_many(_TOUCH, params)
 
     async def delete(self, session_id: str) -> bool:
         db = self._conn()
@@ -310,16 +294,13 @@ class SessionIndex(CacheDatabase):
             raise RuntimeError("SessionIndex is not open")
         return self._db
 
-    async def _write_many(self, sql: str,
-                          rows: list[tuple[Any, ...]] | Callable[[], list[tuple[Any, ...]]],
-                          ) -> None:
-        """``sql`` over ``rows`` (or what the callable returns, called on the database thread)
-        and the commit, as one job."""
+    async def _write_many(self, sql: str, rows: list[tuple[Any, ...]]) -> None:
+        """``sql`` over ``rows`` and the commit, as one job on the database thread."""
         assert self._lock is not None
 
         def job(conn: sqlite3.Connection) -> None:
             try:
-                conn.executemany(sql, rows() if callable(rows) else rows)
+                conn.executemany(sql, rows)
                 conn.commit()
             except BaseException:
                 conn.rollback()

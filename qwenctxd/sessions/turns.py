@@ -191,14 +191,15 @@ class TurnPipeline:
             answered.set()
 
         use_selector = self._selector_on(s)
+        # the turn waits for the lexical answer only (no prefetchGraceMs): the query's
+        # embedding then runs below the daemon's priority, after the turns being served
+        background = self._settings(s).memory.prefetch_grace_ms == 0
 
         async def recall() -> Any:
             try:
-                # the turn waits for the lexical answer only: the query's embedding runs
-                # below the daemon's priority, after the turns being served
                 return await memory.recall(s.project, query, active_tools=active_tools,
                                            exclude=exclude, use_selector=use_selector,
-                                           on_fused=on_fused, background=True)
+                                           on_fused=on_fused, background=background)
             finally:
                 answered.set()
 
