@@ -28,8 +28,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-import anyio
 import anyio.to_thread
+
+from qwenctxd.tasks import SharedLoads, TaskRegistry
 
 MAX_TREE_ITEMS = 20
 SKIPPED_DIRS = frozenset({".git", "node_modules", ".venv", "venv", "__pycache__", ".mypy_cache",
@@ -144,47 +145,33 @@ def _mtime(path: Path) -> int | None:
         return None
 
 
-class _Gathered:
-    def __init__(self, at: float) -> None:
-        self.at = at
-        self.mtime: int | None = None
-        self.text: str | None = None  # None while being gathered, or if that failed
-        self.done = anyio.Event()
-
-
 class EnvironmentReminders:
-    """The environment reminder of sessions starting now (see the module docstring)."""
+    """The environment reminder of sessions starting now (see the module docstring): one
+    gathering per directory at a time, shared through :class:`~qwenctxd.tasks.SharedLoads`
+    (it runs in the daemon's task group, so a cancelled session does not abort it for the
+    others)."""
 
-    def __init__(self, *, reuse_s: float = REUSE_S,
+    def __init__(self, tasks: TaskRegistry | None = None, *, reuse_s: float = REUSE_S,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.reuse_s = reuse_s
         self._clock = clock
-        self._by_dir: dict[Path, _Gathered] = {}
+        #: cwd -> (gathered at, the directory's mtime then, the reminder)
+        self._loads: SharedLoads[Path, tuple[float, int | None, str]] = SharedLoads(
+            tasks, "environment")
         self.walks = 0  # folder walks made (the rest were shared)
 
-    async def get(self, cwd: Path, *, limiter: anyio.CapacityLimiter | None = None) -> str:
-        made = self._by_dir.get(cwd)
-        if made is not None:
-            if made.text is None:
-                await made.done.wait()  # being gathered for a session starting beside this one
-                if made.text is not None:
-                    return made.text
-            elif self._clock() - made.at <= self.reuse_s and _mtime(cwd) == made.mtime:
-                return made.text
-        made = self._by_dir[cwd] = _Gathered(self._clock())
+    async def get(self, cwd: Path) -> str:
+        hit = self._loads.peek(cwd)
+        if hit is not None:
+            if self._clock() - hit[0] <= self.reuse_s and _mtime(cwd) == hit[1]:
+                return hit[2]
+            self._loads.invalidate(cwd)  # stale: the next get gathers afresh
 
-        def gather() -> tuple[int | None, str]:
-            return _mtime(cwd), environment_reminder(cwd)
-
-        try:
-            made.mtime, made.text = await anyio.to_thread.run_sync(gather, limiter=limiter)
+        async def gather() -> tuple[float, int | None, str]:
+            at = self._clock()
+            mtime, text = await anyio.to_thread.run_sync(
+                lambda: (_mtime(cwd), environment_reminder(cwd)))
             self.walks += 1
-        finally:
-            made.done.set()
-            if made.text is None and self._by_dir.get(cwd) is made:
-                del self._by_dir[cwd]
-        if len(self._by_dir) > 256:  # forget the stale ones
-            now = self._clock()
-            for d in [d for d, g in self._by_dir.items() if now - g.at > self.reuse_s]:
-                del self._by_dir[d]
-        return made.text
+            return at, mtime, text
+
+        return (await self._loads.get(cwd, gather))[2]

@@ -92,7 +92,7 @@ class TurnPipeline:
         self.turn_complete_hooks = tuple(turn_complete_hooks)
         self._prefix: dict[tuple[str, int], str] = {}
         #: a new session's date, OS, cwd and folder tree (shared by sessions starting together)
-        self.environments = EnvironmentReminders()
+        self.environments = EnvironmentReminders(tasks)
 
     # -- session.turn ---------------------------------------------------------------------------
     async def turn(self, p: wire.TurnParams) -> wire.AssembledPrompt:
