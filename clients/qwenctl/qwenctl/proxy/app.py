@@ -32,7 +32,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from qwenctl.proxy import keys
-from qwenctl.proxy.conversation import BadRequest, parse
+from qwenctl.proxy.conversation import BadRequest
 from qwenctl.proxy.mapping import SessionMap, system_text
 from qwenctl.proxy.reply import (
     StreamAccumulator,
@@ -40,6 +40,7 @@ from qwenctl.proxy.reply import (
     message_of_completion,
     usage_of,
 )
+from qwenctl.proxy.request_reader import RequestReader
 from qwenctl.proxy.upstream import (
     MIN_ANSWER_TOKENS,
     DoesNotFit,
@@ -91,6 +92,7 @@ class Proxy:
     def __init__(self, cfg: ProxyConfig, daemon: Any, http: aiohttp.ClientSession) -> None:
         self.cfg, self.daemon, self.http = cfg, daemon, http
         self.sessions = SessionMap(daemon)
+        self.reader = RequestReader()
         self.windows = UpstreamWindow(http, cfg.upstream, self.upstream_headers,
                                       cfg.context_window)
 
@@ -111,7 +113,7 @@ class Proxy:
             h["authorization"] = f"Bearer {self.cfg.upstream_key}"
         return h
 
-    async def read_body(self, request: Request) -> dict[str, Any]:
+    async def read_body(self, request: Request) -> bytes:
         cap = self.cfg.max_body_bytes
         declared = request.headers.get("content-length")
         if declared and declared.isdigit() and int(declared) > cap:
@@ -122,13 +124,7 @@ class Proxy:
             if size > cap:
                 raise BadRequest(f"request body over {cap} bytes", None, 413)
             chunks.append(chunk)
-        try:
-            body = _decode(b"".join(chunks))  # msgspec: a long history parses in a fraction
-        except ValueError as exc:  # msgspec.DecodeError is one
-            raise BadRequest(f"request body is not JSON: {exc}") from None
-        if not isinstance(body, dict):
-            raise BadRequest("request body must be a JSON object")
-        return body
+        return b"".join(chunks)
 
     # -- routes --------------------------------------------------------------------------------
     async def models(self, request: Request) -> Response:
@@ -148,7 +144,8 @@ class Proxy:
             return unauthorized()
         try:
             cwd = self.project(request)
-            body = await self.read_body(request)
+            # the messages the conversation sent before are not read again (request_reader)
+            body, conv = self.reader.read(await self.read_body(request))
             model = body.get("model")
             if not isinstance(model, str) or not model:
                 raise BadRequest("model must be a non-empty string", "model")
@@ -157,7 +154,6 @@ class Proxy:
                 raise BadRequest("tools must be a list", "tools")
             if not isinstance(body.get("stream", False), bool):
                 raise BadRequest("stream must be a boolean", "stream")
-            conv = parse(body.get("messages"))
         except BadRequest as exc:
             return error(exc.status, exc.message, param=exc.param)
         except ClientDisconnect:
@@ -182,7 +178,7 @@ def is_side_query(body: dict[str, Any], conv: Any) -> bool:
     Code's ``respond_in_schema``) or a JSON ``response_format`` with no tools. A chat that
     merely starts with one message (tools offered, the model free to answer) is a
     conversation."""
-    if len(conv.dialogue) != 1 or conv.dialogue[0].get("role") != "user":
+    if conv.roles != ["user"]:
         return False
     choice = body.get("tool_choice")
     if isinstance(choice, dict) and choice.get("type") == "function":
@@ -268,6 +264,7 @@ class ChatExchange(Response):
         """An agent's own one-shot side query (see :func:`is_side_query`): fitted and
         forwarded as it is, recorded in no session, so it does not clutter ``sessions``."""
         out = dict(self.body)
+        out["messages"] = [_decode(m) for m in out["messages"]]  # read as raw JSON
         if self.tools is not None:
             out["tools"] = self.tools
         try:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,66 +46,131 @@ def text_of(content: Any) -> str:
 
 @dataclass
 class Conversation:
+    """A request's messages as read: the client's system prompt, the role and
+    :func:`fingerprint` of each dialogue message (non-system messages; later system messages
+    become user ones), and the dialogue messages themselves from ``tail_start`` on. A request
+    read on from the same conversation's last one (:mod:`qwenctl.proxy.request_reader`) holds
+    only the new messages as dicts; ``rest`` reads the whole request again for the rare path
+    that needs an older message."""
+
     system: str
-    dialogue: list[dict[str, Any]]  # non-system messages; later system messages become user
+    roles: list[str]
+    fps: list[bytes]
+    first_user: Any
+    tail: list[dict[str, Any]]  # the dialogue from ``tail_start`` on
+    tail_start: int = 0
+    rest: Callable[[], Conversation] | None = None  # the whole request, read from scratch
 
     @property
-    def first_user(self) -> Any:
-        return next((m.get("content") for m in self.dialogue if m["role"] == "user"), None)
+    def dialogue(self) -> list[dict[str, Any]]:
+        """Every dialogue message (a request read on from an earlier one reads it again)."""
+        if self.tail_start == 0:
+            return self.tail
+        assert self.rest is not None
+        return self.rest().tail
+
+    def dialogue_from(self, i: int) -> list[dict[str, Any]]:
+        """The dialogue messages from index ``i`` on."""
+        if i >= self.tail_start:
+            return self.tail[i - self.tail_start:]
+        return self.dialogue[i:]
 
     def conversation_id(self, cwd: str) -> str:
         """Same project, system prompt and first user message → the same session id."""
         return str(uuid.uuid5(SESSION_NAMESPACE, _canon([cwd, self.system, self.first_user])))
 
 
+@dataclass
+class ReadState:
+    """What reading a request's messages has found so far; :meth:`read` goes on from where
+    it stopped, so the messages a conversation's next request repeats need not be read again
+    (:mod:`qwenctl.proxy.request_reader`)."""
+
+    count: int = 0  # messages read
+    system_parts: list[str] = field(default_factory=list)
+    roles: list[str] = field(default_factory=list)
+    fps: list[bytes] = field(default_factory=list)
+    first_user: Any = None  # the content of the first user message
+    has_user: bool = False
+
+    def copy(self) -> ReadState:
+        return ReadState(self.count, list(self.system_parts), list(self.roles), list(self.fps),
+                         self.first_user, self.has_user)
+
+    def read(self, messages: list[Any]) -> list[dict[str, Any]]:
+        """Check and read ``messages``, the request's messages from ``count`` on (their
+        positions in errors count from the request's first message); returns the dialogue
+        messages they add."""
+        dialogue: list[dict[str, Any]] = []
+        roles, fps = self.roles, self.fps
+        for i, m in enumerate(messages, self.count):
+            where = f"messages[{i}]"
+            if not isinstance(m, dict):
+                raise BadRequest(f"{where} must be an object", where)
+            if not m.keys() <= MESSAGE_FIELDS:  # every new message: the C check first
+                unknown = sorted(set(m) - MESSAGE_FIELDS)
+                raise BadRequest(f"{where} has unknown field {unknown[0]!r}",
+                                 f"{where}.{unknown[0]}")
+            role = m.get("role")
+            if role not in ROLES:
+                raise BadRequest(f"{where}.role must be one of {', '.join(ROLES)}",
+                                 f"{where}.role")
+            content = m.get("content")
+            if content is not None and not isinstance(content, str | list):
+                raise BadRequest(f"{where}.content must be a string or a list of parts",
+                                 f"{where}.content")
+            if isinstance(content, list):
+                for j, part in enumerate(content):
+                    if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+                        raise BadRequest(f"{where}.content[{j}] must be a part with a type",
+                                         f"{where}.content[{j}]")
+            if role == "system":
+                if not roles:
+                    self.system_parts.append(text_of(content))
+                    continue
+                m = {"role": "user", "content": text_of(content)}
+                role = "user"
+            elif role == "tool" and not isinstance(m.get("tool_call_id"), str):
+                raise BadRequest(f"{where}.tool_call_id must be a string",
+                                 f"{where}.tool_call_id")
+            elif role == "assistant" and m.get("tool_calls") is not None:
+                calls = m["tool_calls"]
+                if not isinstance(calls, list) or not all(
+                        isinstance(c, dict) and isinstance(c.get("id"), str)
+                        and isinstance(c.get("function"), dict) for c in calls):
+                    raise BadRequest(f"{where}.tool_calls must be a list of calls with id and "
+                                     "function", f"{where}.tool_calls")
+            elif role == "user" and content is None:
+                raise BadRequest(f"{where}.content is missing", f"{where}.content")
+            if role == "user" and not self.has_user:
+                self.first_user, self.has_user = m.get("content"), True
+            dialogue.append(m)
+            roles.append(role)
+            fps.append(fingerprint(m))
+        self.count += len(messages)
+        return dialogue
+
+    def conversation(self, tail: list[dict[str, Any]], tail_start: int = 0,
+                     rest: Callable[[], Conversation] | None = None) -> Conversation:
+        """The request read so far as a :class:`Conversation`, after the checks on the whole
+        (a dialogue to answer, not ending in a reply)."""
+        if not self.roles:
+            raise BadRequest("messages hold no user message", "messages")
+        if self.roles[-1] == "assistant":
+            raise BadRequest("the last message must be the user's input or tool results, not "
+                             "an assistant message", f"messages[{self.count - 1}].role")
+        return Conversation(system="\n\n".join(p for p in self.system_parts if p),
+                            roles=list(self.roles), fps=list(self.fps),
+                            first_user=self.first_user, tail=tail, tail_start=tail_start,
+                            rest=rest)
+
+
 def parse(messages: Any) -> Conversation:
+    """Read a request's ``messages`` from scratch."""
     if not isinstance(messages, list) or not messages:
         raise BadRequest("messages must be a non-empty list", "messages")
-    system_parts: list[str] = []
-    dialogue: list[dict[str, Any]] = []
-    for i, m in enumerate(messages):
-        where = f"messages[{i}]"
-        if not isinstance(m, dict):
-            raise BadRequest(f"{where} must be an object", where)
-        if not m.keys() <= MESSAGE_FIELDS:  # every message of every request: the C check first
-            unknown = sorted(set(m) - MESSAGE_FIELDS)
-            raise BadRequest(f"{where} has unknown field {unknown[0]!r}", f"{where}.{unknown[0]}")
-        role = m.get("role")
-        if role not in ROLES:
-            raise BadRequest(f"{where}.role must be one of {', '.join(ROLES)}", f"{where}.role")
-        content = m.get("content")
-        if content is not None and not isinstance(content, str | list):
-            raise BadRequest(f"{where}.content must be a string or a list of parts",
-                             f"{where}.content")
-        if isinstance(content, list):
-            for j, part in enumerate(content):
-                if not isinstance(part, dict) or not isinstance(part.get("type"), str):
-                    raise BadRequest(f"{where}.content[{j}] must be a part with a type",
-                                     f"{where}.content[{j}]")
-        if role == "system":
-            if not dialogue:
-                system_parts.append(text_of(content))
-            else:
-                dialogue.append({"role": "user", "content": text_of(content)})
-            continue
-        if role == "tool" and not isinstance(m.get("tool_call_id"), str):
-            raise BadRequest(f"{where}.tool_call_id must be a string", f"{where}.tool_call_id")
-        if role == "assistant" and m.get("tool_calls") is not None:
-            calls = m["tool_calls"]
-            if not isinstance(calls, list) or not all(
-                    isinstance(c, dict) and isinstance(c.get("id"), str)
-                    and isinstance(c.get("function"), dict) for c in calls):
-                raise BadRequest(f"{where}.tool_calls must be a list of calls with id and "
-                                 "function", f"{where}.tool_calls")
-        if role == "user" and content is None:
-            raise BadRequest(f"{where}.content is missing", f"{where}.content")
-        dialogue.append(m)
-    if not dialogue:
-        raise BadRequest("messages hold no user message", "messages")
-    if dialogue[-1]["role"] == "assistant":
-        raise BadRequest("the last message must be the user's input or tool results, not an "
-                         "assistant message", f"messages[{len(messages) - 1}].role")
-    return Conversation(system="\n\n".join(p for p in system_parts if p), dialogue=dialogue)
+    state = ReadState()
+    return state.conversation(state.read(messages))
 
 
 _SORTED = msgspec.json.Encoder(order="sorted")

@@ -90,28 +90,28 @@ class SessionMap:
                   tools: list[dict[str, Any]] | None) -> dict[str, Any]:
         """Map ``conv`` onto ``st``'s daemon session and return the prompt to forward.
         Call with ``st.lock`` held."""
-        dialogue = conv.dialogue
-        fps = [fingerprint(m) for m in dialogue]
+        roles, fps = conv.roles, conv.fps
         start = 0
         if st.session_id is None:
             known = await self._open(st, st.key, cwd, model, tools)
-            last_reply = max((i for i, m in enumerate(dialogue) if m["role"] == "assistant"),
-                             default=-1)
+            last_reply = max((i for i, r in enumerate(roles) if r == "assistant"), default=-1)
             if known and last_reply >= 0:  # the daemon has this conversation (proxy restarted)
                 start = last_reply + 1
-                st.pending = [c["id"] for c in dialogue[last_reply].get("tool_calls") or []]
+                reply = conv.dialogue_from(last_reply)[0]
+                st.pending = [c["id"] for c in reply.get("tool_calls") or []]
             elif known:  # same first message, but a new conversation
                 await self._open(st, str(uuid.uuid4()), cwd, model, tools)
         else:
-            k = 0
-            for a, b in zip(st.fps, fps, strict=False):
-                if a != b:
-                    break
-                k += 1
+            mapped = len(st.fps)
+            if fps[:mapped] == st.fps:  # the usual case: the history goes on (one C compare)
+                k = mapped
+            else:  # the messages both have in common
+                k = next((i for i, (a, b) in enumerate(zip(st.fps, fps, strict=False)) if a != b),
+                         min(mapped, len(fps)))
             if k == len(st.fps) == len(fps) and st.awaiting and st.last_prompt is not None:
                 log.info("proxy retry", session=st.session_id)
                 return st.last_prompt
-            if self._asked_again(st, dialogue, k, len(fps)):
+            if self._asked_again(st, roles, k, len(fps)):
                 # the client sends its last user message again without the reply it got (a
                 # retry after an empty or broken answer): that turn is taken back and mapped
                 # anew, in the same session
@@ -131,26 +131,26 @@ class SessionMap:
         if st.view is None or st.view.session_id != st.session_id:
             st.view = SessionHistory(st.session_id)
         prompt: dict[str, Any] | None = None
-        for step in steps(dialogue[start:], st.pending):
+        for step in steps(conv.dialogue_from(start), st.pending):
             if step.kind == "assistant":
                 await self.daemon.request(methods.SESSION_RECORD_MODEL, swire.RecordModelParams(
                     session_id=st.session_id, message=step.message))
             else:
                 prompt = await st.view.aturn(self.daemon, step.turn_params(st.session_id))
         assert prompt is not None  # conversation.parse refuses a history ending in a reply
-        st.fps, st.awaiting, st.pending, st.last_prompt = fps, True, [], prompt
-        st.roles, st.reply_failed = [m["role"] for m in dialogue], False
+        st.fps, st.awaiting, st.pending, st.last_prompt = fps, True, [], prompt  # conv's own lists
+        st.roles, st.reply_failed = roles, False
         return prompt
 
     @staticmethod
-    def _asked_again(st: Mapped, dialogue: list[dict[str, Any]], common: int, sent: int) -> bool:
+    def _asked_again(st: Mapped, roles: list[str], common: int, sent: int) -> bool:
         """The client asks its last user message again after getting no answer (an empty or
         cut-off reply, or one stopped by the token budget, as Qwen Code retries): its history is what was mapped up to and
         including that message, and only replies to it were mapped after. (Asking again
         after a real answer is a regenerate: a fresh session, the first one kept.)"""
         return (st.reply_failed and 0 < common == sent < len(st.fps)
                 and len(st.roles) == len(st.fps)
-                and dialogue[-1]["role"] == "user" and st.roles[common - 1] == "user"
+                and roles[-1] == "user" and st.roles[common - 1] == "user"
                 and "user" not in st.roles[common:])
 
     async def record(self, st: Mapped, message: dict[str, Any],
