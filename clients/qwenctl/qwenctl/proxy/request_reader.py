@@ -95,7 +95,8 @@ class RequestReader:
         tail = state.read([_decode(r) for r in raws[start:]])
         conv = state.conversation(tail, len(state.roles) - len(tail),
                                   self._rest(raws) if start else None)
-        h.update(_SEP.join(raws[start:]) + _SEP)
+        if start < len(raws):  # (a request sent again adds nothing)
+            h.update(_SEP.join(raws[start:]) + _SEP)
         self._keep(key, _Read(h.digest(), state))
         return conv
 
