@@ -10,8 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from qwenctxd.agents.extraction import ExtractRequest, user_texts
+from qwenctxd.agents.extraction import ExtractRequest, has_user_text, user_texts
 from qwenctxd.config import ConfigStore
 from qwenctxd.project import ProjectRegistry
 from qwenctxd.testing.openai_stub import Reply, ScriptedOpenAI
@@ -307,3 +309,18 @@ def test_a_drain_starts_a_waiting_extraction_at_once(spawn) -> None:  # type: ig
         assert d.call("daemon.drain", {"timeout_s": 20})["drained"]
         assert time.monotonic() - t0 < 15  # liveness: not the minute's wait
         assert len(bodies) == 1 and "deploy window" in json.dumps(bodies[0][1]["messages"])
+
+
+_message = st.one_of(
+    st.builds(lambda t: {"role": "user", "content": t}, st.sampled_from(["", " ", "words"])),
+    st.builds(lambda t: {"role": "user", "content": [{"type": "text", "text": t}]},
+              st.sampled_from(["<system-reminder>x</system-reminder>", "more words", ""])),
+    st.just({"role": "assistant", "content": "an answer"}),
+    st.just({"role": "tool", "tool_call_id": "c", "content": "output"}),
+)
+
+
+@given(st.lists(_message, max_size=12), st.integers(-2, 14))
+def test_the_gates_user_text_check_agrees_with_user_texts(history: list[dict[str, Any]],
+                                                         start: int) -> None:
+    assert has_user_text(history, start) == bool(user_texts(history, start))

@@ -95,6 +95,16 @@ def user_texts(history: Sequence[dict[str, Any]], start: int = 0) -> list[tuple[
     return out
 
 
+def has_user_text(history: Sequence[dict[str, Any]], start: int = 0) -> bool:
+    """Whether a user message from ``start`` on has text (reminders excluded): the gate
+    asked after every turn, answered from the newest message back (a completed turn
+    ends with its own user message near the end) instead of reading the whole history."""
+    for i in range(len(history) - 1, max(0, start) - 1, -1):
+        if history[i].get("role") == "user" and user_texts(history[i:i + 1]):
+            return True
+    return False
+
+
 def wrote_memory(message: dict[str, Any], roots: Sequence[Path]) -> bool:
     """Whether an assistant message calls a write tool on a path inside a memory root."""
     import json
@@ -145,7 +155,7 @@ class Extractor:
             return "memory_tool"
         roots = self.memory.roots(req.project)
         start = self.start_offset(roots.state, req.session_id, len(req.history))
-        if not user_texts(req.history, start):
+        if not has_user_text(req.history, start):
             return "no_new_messages"
         return None
 

@@ -26,6 +26,7 @@ Endpoints are compared by :func:`endpoint_key`: scheme, host (``localhost``, ``1
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import AsyncIterator, Hashable
 from contextlib import asynccontextmanager
@@ -54,6 +55,12 @@ def endpoint_key(base_url: str | None) -> str:
     """A comparable name for the server at ``base_url`` ("" for none)."""
     if not base_url:
         return ""
+    return _endpoint_key(base_url)
+
+
+@functools.lru_cache(maxsize=256)
+def _endpoint_key(base_url: str) -> str:
+    """(asked several times a turn of the same few URLs: parsed once each)"""
     try:
         parts = urlsplit(base_url.strip())
         host = (parts.hostname or "").lower()
