@@ -75,8 +75,8 @@ class RequestReader:
         return body, self._conversation(raws)
 
     def _conversation(self, raws: list[msgspec.Raw]) -> Conversation:
-        key = hashlib.sha1(_SEP.join(raws[:2])).digest()
-        h, done = hashlib.sha1(), 0
+        key = hashlib.sha256(_SEP.join(raws[:2])).digest()
+        h, done = hashlib.sha256(), 0
         base: tuple[ReadState, Any] | None = None  # the longest earlier read that matches
         for r in sorted(self._reads.get(key, ()), key=lambda r: r.state.count):
             n = r.state.count
@@ -87,7 +87,7 @@ class RequestReader:
             if h.digest() == r.digest:
                 base = (r.state, h.copy())
         if base is None:
-            state, h = ReadState(), hashlib.sha1()
+            state, h = ReadState(), hashlib.sha256()
         else:
             state, h = base[0].copy(), base[1]
             self.reused += 1
