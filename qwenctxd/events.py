@@ -67,6 +67,10 @@ class EventBus:
             if sub.wants(topic):
                 sub.put(topic, params)
 
+    def wanted(self, topic: str) -> bool:
+        """Whether a subscriber would get ``topic`` (a publisher can skip building it)."""
+        return any(sub.wants(topic) for sub in self._subs)
+
     @property
     def subscribers(self) -> int:
         return len(self._subs)

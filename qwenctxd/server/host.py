@@ -238,6 +238,8 @@ class ServiceHost:
         return count
 
     def _on_task_event(self, rec: TaskRecord) -> None:
+        if not self.bus.wanted("background/progress"):  # 3-4 task events a turn, mostly unheard
+            return
         self.bus.publish(
             "background/progress",
             {

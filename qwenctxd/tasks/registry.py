@@ -187,7 +187,9 @@ class TaskRegistry:
                 self._finish(rec, outcome if not scope.cancel_called else TaskOutcome.CANCELLED)
                 self._advance_key(rec)
         if scope.cancelled_caught:
-            log.info("background job cancelled", kind=rec.kind, task_id=rec.id)
+            # routine (a newer user turn supersedes its session's recall prefetch): a line at
+            # info for every turn cost more than the cancelled job; the outcome is counted
+            log.debug("background job cancelled", kind=rec.kind, task_id=rec.id)
 
     def _advance_key(self, rec: TaskRecord) -> None:
         if rec.key is None:
