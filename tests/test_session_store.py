@@ -102,3 +102,40 @@ async def test_recorded_session_titled_found_and_deleted(tmp_path: Path, runtime
         await store.aclose()
         tg.cancel_scope.cancel()
 
+
+
+@pytest.mark.asyncio
+async def test_open_finds_a_file_only_the_index_knows_and_creates_new_ones(
+        tmp_path: Path, runtime: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The index's path is asked beside the open's disk job: a session recorded under an
+    earlier runtime directory (which no scan of the current one finds) still resumes, and a
+    new id gets its new file."""
+    tasks = TaskRegistry()
+    store = SessionStore(index_path=tmp_path / "sessions.sqlite", tasks=tasks)
+    async with anyio.create_task_group() as tg:
+        tasks.attach(tg)
+        await store.start()
+        s = live_session(store, tmp_path / "proj")
+        store.record(s, {"role": "user", "content": "remembered question"})
+        store.close_writer(s)
+        await store.upsert(s)
+        monkeypatch.setenv("QWEN_RUNTIME_DIR", str(tmp_path / "moved"))  # scans look elsewhere
+        cwd = tmp_path / "proj"
+        opened = await store.open_files(s.id, cwd, records.session_path(cwd, s.id), find=True,
+                                        must_exist=True, qwen_home=cwd / ".qwen")
+        assert opened is not None and opened.path == s.path
+        assert opened.state is not None and "remembered question" in str(opened.state.messages)
+        opened.writer.close()
+        fresh = str(uuid.uuid4())
+        new_path = records.session_path(cwd, fresh)
+        assert await store.open_files(fresh, cwd, new_path, find=True, must_exist=True,
+                                      qwen_home=cwd / ".qwen") is None
+        assert not new_path.exists()
+        created = await store.open_files(fresh, cwd, new_path, find=True, must_exist=False,
+                                         qwen_home=cwd / ".qwen")
+        assert created is not None and created.path == new_path and created.state is None
+        created.writer.close()
+        assert new_path.exists()
+        tasks.close()
+        await store.aclose()
+        tg.cancel_scope.cancel()

@@ -14,6 +14,7 @@ full-text index) hooks in.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ from qwenctxd.sessions.state import Session
 from qwenctxd.tasks import TaskRegistry
 
 log = structlog.get_logger("qwenctxd.sessions")
+HINT_WAIT_S = 5.0  # the longest an open waits for the index's path of its id
 FSYNC_INTERVAL_S = 1.0  # a live session's transcript is fsynced at most this often
 
 
@@ -94,13 +96,25 @@ class SessionStore:
         ``path``; the running Qwen Code processes that registered the session. None when
         ``must_exist`` and no file was found (no file is made then). The job is not abandoned
         on cancellation: its writer holds an open descriptor (the caller closes it)."""
-        hint = None
-        if find:
-            row = await self.index.get(session_id)
-            hint = Path(row["path"]) if row and row.get("path") else None
+        # the index's path for the id is asked beside the job, not before it: a new session
+        # (most opens) finds no file either way, and the lookup queued behind the index's
+        # batch writes on the database thread was the slowest part of its open (issue 28)
+        hint: list[Path | None] = []
+        answered = threading.Event()
+
+        async def lookup() -> None:
+            try:
+                row = await self.index.get(session_id)
+                hint.append(Path(row["path"]) if row and row.get("path") else None)
+            finally:
+                answered.set()
+
+        def indexed_path() -> Path | None:
+            answered.wait(HINT_WAIT_S)  # a worker thread: the loop answers meanwhile
+            return hint[0] if hint else None
 
         def job() -> OpenedFiles | None:
-            found = _locate(session_id, cwd, hint) if find else None
+            found = _locate(session_id, cwd, indexed_path) if find else None
             if found is None and must_exist:
                 return None
             state = records.resume(found) if found is not None else None
@@ -114,8 +128,13 @@ class SessionStore:
                 raise
             return OpenedFiles(found or path, state, writer, held)
 
-        with anyio.CancelScope(shield=True):  # a cancelled open must not drop an open fd
-            return await anyio.to_thread.run_sync(job)
+        async with anyio.create_task_group() as tg:
+            if find:
+                tg.start_soon(lookup)
+            with anyio.CancelScope(shield=True):  # a cancelled open must not drop an open fd
+                opened = await anyio.to_thread.run_sync(job)
+            tg.cancel_scope.cancel()  # a lookup the job did not need is not waited for
+        return opened
 
     def resumed(self, s: Session, messages: list[dict[str, Any]]) -> None:
         """``s`` continues a recorded history: its writer learns the tool calls in it."""
@@ -215,11 +234,11 @@ class SessionStore:
 
     # -- recorded sessions ----------------------------------------------------------------------
     async def find(self, session_id: str, cwd: Path) -> Path | None:
-        """The JSONL of ``session_id``: under cwd's project dir, where the index says, or in
-        any project's chats dir."""
+        """The JSONL of ``session_id``: under cwd's project dir, in any project's chats dir,
+        or where the index says."""
         row = await self.index.get(session_id)
         hint = Path(row["path"]) if row and row.get("path") else None
-        return await anyio.to_thread.run_sync(_locate, session_id, cwd, hint)
+        return await anyio.to_thread.run_sync(_locate, session_id, cwd, lambda: hint)
 
     async def delete(self, session_id: str, path: Path | None) -> bool:
         """Remove ``session_id``'s file (``path``, else found) and its index row; whether a
@@ -270,19 +289,26 @@ def _fsync(writer: jsonl_writer.JsonlWriter) -> None:
         pass
 
 
-def _locate(session_id: str, cwd: Path, hint: Path | None) -> Path | None:
-    """The JSONL of ``session_id``: under cwd's project dir, where the index says, or in any
-    project's chats dir (a session may be continued from another directory)."""
+def _locate(session_id: str, cwd: Path, indexed: Callable[[], Path | None]) -> Path | None:
+    """The JSONL of ``session_id``: under cwd's project dir, in any project's chats dir (a
+    session may be continued from another directory), or where the index says
+    (``indexed()``, asked last: it may wait for the index)."""
     direct = records.session_path(cwd, session_id)
     if direct.exists():
         return direct
-    if hint is not None and hint.exists():
-        return hint
     projects = runtime_base_dir() / "projects"
     try:
         slugs = os.listdir(projects)
     except FileNotFoundError:
-        return None
+        slugs = []
+    for slug in slugs:
+        cand = projects / slug / "chats" / f"{session_id}.jsonl"
+        if cand.exists():
+            return cand
+    hint = indexed()
+    if hint is not None and hint.exists():
+        return hint
+    return None
     for slug in slugs:
         cand = projects / slug / "chats" / f"{session_id}.jsonl"
         if cand.exists():

@@ -51,6 +51,7 @@ from qwenctl.proxy.upstream import (
 )
 from qwenctl.proxy.upstream_http import UpstreamError, UpstreamTimeout, open_session
 from qwenctxd.client import ClientError, RemoteError
+from qwenctxd.idle_gc import IdleCollector
 
 _decode = msgspec.json.Decoder().decode
 #: the body that goes up is the one thing built from the whole history per request: encoded by
@@ -93,6 +94,7 @@ class Proxy:
         self.cfg, self.daemon, self.http = cfg, daemon, http
         self.sessions = SessionMap(daemon)
         self.reader = RequestReader()
+        self.started = self.active = 0  # chat requests so far and now (for idle_gc)
         self.windows = UpstreamWindow(http, cfg.upstream, self.upstream_headers,
                                       cfg.context_window)
 
@@ -466,11 +468,13 @@ def build_app(cfg: ProxyConfig) -> ChatFastPath:
         daemon = DaemonLink(cfg.socket, autostart=cfg.autostart)
         async with anyio.create_task_group() as tg, open_session(cfg.upstream_read_s, cfg.upstream) as http:
             await tg.start(daemon.run)
-            holder["proxy"] = Proxy(cfg, daemon, http)
+            holder["proxy"] = proxy = Proxy(cfg, daemon, http)
             # start-up objects are permanent: a full collection would rescan ~55 000 of them
             # (15-20 ms of a request's latency), as the daemon also freezes its start-up
             gc.collect()
             gc.freeze()
+            # and full collections wait for a moment without requests (qwenctxd.idle_gc)
+            tg.start_soon(IdleCollector(lambda: proxy.started, lambda: proxy.active).run)
             yield
             tg.cancel_scope.cancel()
 
@@ -520,7 +524,13 @@ class ChatFastPath:
             if project is not None:
                 if project:
                     scope = {**scope, "path_params": {"project": project}}
-                response = await self._holder["proxy"].chat(Request(scope, receive))
-                await response(scope, receive, send)
+                proxy = self._holder["proxy"]
+                proxy.started += 1
+                proxy.active += 1
+                try:
+                    response = await proxy.chat(Request(scope, receive))
+                    await response(scope, receive, send)
+                finally:
+                    proxy.active -= 1
                 return
         await self.app(scope, receive, send)
