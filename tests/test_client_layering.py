@@ -19,7 +19,9 @@ CLIENT_API = ("qwenctxd.client", "qwenctxd.protocol", "qwenctxd.paths",
               # server hands out as a resource is redacted like everything the daemon renders
               "qwenctxd.secrets",
               # the one token estimator (pure functions): the proxy sizes requests with it
-              "qwenctxd.tokens")
+              "qwenctxd.tokens",
+              # full collections at idle (a leaf over the gc module): the proxy runs one too
+              "qwenctxd.idle_gc")
 # qwenctl proxy reads the same endpoint settings (URL, API key) the daemon reads, from the
 # user's own settings files: a local read of configuration, not a call into the daemon
 EXCEPTIONS = {("qwenctl/qwenctl/proxy/command.py", "qwenctxd.config")}

@@ -238,18 +238,17 @@ class ServiceHost:
         return count
 
     def _on_task_event(self, rec: TaskRecord) -> None:
-        if not self.bus.wanted("background/progress"):  # 3-4 task events a turn, mostly unheard
-            return
-        self.bus.publish(
-            "background/progress",
-            {
-                "id": rec.id,
-                "kind": rec.kind,
-                "project": rec.project,
-                "state": rec.outcome.value if rec.outcome else "started",
-                "pending": self.tasks.pending,
-            },
-        )
+        if self.bus.wanted("background/progress"):  # 3-4 task events a turn, mostly unheard
+            self.bus.publish(
+                "background/progress",
+                {
+                    "id": rec.id,
+                    "kind": rec.kind,
+                    "project": rec.project,
+                    "state": rec.outcome.value if rec.outcome else "started",
+                    "pending": self.tasks.pending,
+                },
+            )
         if os.environ.get("NOTIFY_SOCKET"):
             systemd.notify(f"STATUS={self._status_line()}")
 
