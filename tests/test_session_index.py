@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import threading
 from pathlib import Path
 
 import anyio
@@ -246,3 +247,35 @@ async def test_a_touch_batch_reads_each_files_size_and_mtime_in_one_transaction(
         assert (grown["size"], grown["mtime_ns"]) == (st.st_size, st.st_mtime_ns)
         assert (gone["size"], gone["mtime_ns"], gone["title"]) == (0, 0, None)
         assert await idx.get(IDS[4]) is None
+
+
+@pytest.mark.asyncio
+async def test_a_worker_thread_reads_a_path_while_a_write_is_open(tmp_path: Path,
+                                                                  runtime: Path) -> None:
+    """``path_now`` reads on a read-only connection of the calling thread: a write
+    transaction held on the database thread does not hold it up, a rebuilt file is read
+    anew, and a closed index answers None."""
+    project = tmp_path / "work" / "delta"
+    path = make_session(project, IDS[0], [ts(1)])
+    async with SessionIndex(tmp_path / "s.sqlite") as idx:
+        await idx.upsert(scan_summary(path), project=str(project))
+        started, release = threading.Event(), threading.Event()
+
+        def hold(conn: sqlite3.Connection) -> None:  # on the database thread
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("UPDATE sessions SET title = 'x'")
+            started.set()
+            release.wait(10)
+            conn.rollback()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(idx.run, hold)
+            assert await anyio.to_thread.run_sync(started.wait, 10)
+            with anyio.fail_after(5):  # the writer still holds its transaction
+                found = await anyio.to_thread.run_sync(idx.path_now, IDS[0])
+            release.set()
+        assert found == path
+        assert await anyio.to_thread.run_sync(idx.path_now, IDS[1]) is None
+        assert await idx.delete(IDS[0])
+        assert await anyio.to_thread.run_sync(idx.path_now, IDS[0]) is None
+    assert idx.path_now(IDS[0]) is None  # closed

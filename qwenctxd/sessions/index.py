@@ -250,6 +250,12 @@ class SessionIndex(CacheDatabase):
         )
         return dict(rows[0]) if rows else None
 
+    def path_now(self, session_id: str) -> Path | None:
+        """The recorded file of ``session_id`` as the index has it, read in the calling worker
+        thread (:meth:`read_now`: not queued behind the index's writes); None without a row."""
+        rows = self.read_now("SELECT path FROM sessions WHERE session_id = ?", (session_id,))
+        return Path(rows[0][0]) if rows and rows[0][0] else None
+
     async def sync(self, projects_root: str | os.PathLike[str]) -> SyncStats:
         """Make the index match the session files under ``projects_root`` (see module doc)."""
         db = self._conn()

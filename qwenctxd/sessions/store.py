@@ -14,7 +14,6 @@ full-text index) hooks in.
 from __future__ import annotations
 
 import os
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -34,7 +33,6 @@ from qwenctxd.sessions.state import Session
 from qwenctxd.tasks import TaskRegistry
 
 log = structlog.get_logger("qwenctxd.sessions")
-HINT_WAIT_S = 5.0  # the longest an open waits for the index's path of its id
 FSYNC_INTERVAL_S = 1.0  # a live session's transcript is fsynced at most this often
 
 
@@ -96,25 +94,12 @@ class SessionStore:
         ``path``; the running Qwen Code processes that registered the session. None when
         ``must_exist`` and no file was found (no file is made then). The job is not abandoned
         on cancellation: its writer holds an open descriptor (the caller closes it)."""
-        # the index's path for the id is asked beside the job, not before it: a new session
-        # (most opens) finds no file either way, and the lookup queued behind the index's
-        # batch writes on the database thread was the slowest part of its open (issue 28)
-        hint: list[Path | None] = []
-        answered = threading.Event()
-
-        async def lookup() -> None:
-            try:
-                row = await self.index.get(session_id)
-                hint.append(Path(row["path"]) if row and row.get("path") else None)
-            finally:
-                answered.set()
-
-        def indexed_path() -> Path | None:
-            answered.wait(HINT_WAIT_S)  # a worker thread: the loop answers meanwhile
-            return hint[0] if hint else None
-
         def job() -> OpenedFiles | None:
-            found = _locate(session_id, cwd, indexed_path) if find else None
+            # the index's path is read in this thread, last: a new session (most opens) finds
+            # no file either way, and the lookup queued behind the index's batch writes on
+            # the database thread was the slowest part of a slow open (issue 28)
+            found = _locate(session_id, cwd, lambda: self.index.path_now(session_id)) \
+                if find else None
             if found is None and must_exist:
                 return None
             state = records.resume(found) if found is not None else None
@@ -128,13 +113,8 @@ class SessionStore:
                 raise
             return OpenedFiles(found or path, state, writer, held)
 
-        async with anyio.create_task_group() as tg:
-            if find:
-                tg.start_soon(lookup)
-            with anyio.CancelScope(shield=True):  # a cancelled open must not drop an open fd
-                opened = await anyio.to_thread.run_sync(job)
-            tg.cancel_scope.cancel()  # a lookup the job did not need is not waited for
-        return opened
+        with anyio.CancelScope(shield=True):  # a cancelled open must not drop an open fd
+            return await anyio.to_thread.run_sync(job)
 
     def resumed(self, s: Session, messages: list[dict[str, Any]]) -> None:
         """``s`` continues a recorded history: its writer learns the tool calls in it."""

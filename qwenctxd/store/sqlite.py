@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import threading
 import time
+import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
@@ -20,6 +22,8 @@ import aiosqlite
 import anyio
 
 T = TypeVar("T")
+#: each thread's read-only connections (:meth:`CacheDatabase.read_now`), by file
+_readers = threading.local()
 
 
 class CacheDatabase:
@@ -91,6 +95,29 @@ class CacheDatabase:
         if db is None:
             raise RuntimeError(f"{self.db_path.name} is not open")
         return await db._execute(lambda: fn(db._conn))  # noqa: SLF001 — see the docstring
+
+    def read_now(self, sql: str, params: tuple[Any, ...] = ()) -> list[Any] | None:
+        """Rows of a read ``sql``, run in the calling thread (a worker thread's job) on a
+        read-only connection that thread keeps for this file: a WAL reader never waits for the
+        writer, so the read is not queued behind the writes on the database thread (issue 28:
+        ``session.open``'s lookup). None when the file cannot be read (a best-effort read: the
+        caller has another way)."""
+        if self._db is None:
+            return None
+        try:
+            st = os.stat(self.db_path)
+            key = (str(self.db_path), st.st_dev, st.st_ino)  # a rebuilt file is another one
+            conns: dict[tuple[str, int, int], sqlite3.Connection] | None = getattr(
+                _readers, "conns", None)
+            if conns is None:
+                conns = _readers.conns = {}
+            conn = conns.get(key)
+            if conn is None:
+                uri = "file:" + urllib.parse.quote(str(self.db_path)) + "?mode=ro"
+                conn = conns[key] = sqlite3.connect(uri, uri=True, timeout=1.0)
+            return conn.execute(sql, params).fetchall()
+        except (OSError, sqlite3.Error):
+            return None
 
     async def _connect(self) -> aiosqlite.Connection:
         db = await aiosqlite.connect(self.db_path)

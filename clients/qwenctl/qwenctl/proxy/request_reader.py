@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,7 +78,7 @@ class RequestReader:
     def _conversation(self, raws: list[msgspec.Raw]) -> Conversation:
         key = hashlib.sha256(_SEP.join(raws[:2])).digest()
         h, done = hashlib.sha256(), 0
-        base: tuple[ReadState, Any] | None = None  # the longest earlier read that matches
+        base: tuple[ReadState, Any] | None = None  # the longest matching read, its hasher
         for r in sorted(self._reads.get(key, ()), key=lambda r: r.state.count):
             n = r.state.count
             if n > len(raws):
@@ -101,7 +102,7 @@ class RequestReader:
         return conv
 
     @staticmethod
-    def _rest(raws: list[msgspec.Raw]) -> Any:
+    def _rest(raws: list[msgspec.Raw]) -> Callable[[], Conversation]:
         """Reads the whole request from scratch, once, when an older message is needed."""
         whole: list[Conversation] = []
 
