@@ -139,3 +139,37 @@ async def test_open_finds_a_file_only_the_index_knows_and_creates_new_ones(
         tasks.close()
         await store.aclose()
         tg.cancel_scope.cancel()
+
+
+@pytest.mark.asyncio
+async def test_index_touches_close_together_are_one_batch(tmp_path: Path, runtime: Path) -> None:
+    """Turns completed within TOUCH_COALESCE_S of each other refresh their index rows in one
+    batch (one transaction), and a drain does not wait the coalescing out."""
+    tasks = TaskRegistry()
+    store = SessionStore(index_path=tmp_path / "sessions.sqlite", tasks=tasks)
+    batches: list[int] = []
+    async with anyio.create_task_group() as tg:
+        tasks.attach(tg)
+        await store.start()
+        real = store.index.write_sessions
+
+        async def counting(new: list, touched: list) -> None:  # type: ignore[type-arg]
+            batches.append(len(new) + len(touched))
+            await real(new, touched)
+
+        store.index.write_sessions = counting  # type: ignore[method-assign]
+        sessions = [live_session(store, tmp_path / "proj") for _ in range(5)]
+        for s in sessions:
+            store.record(s, {"role": "user", "content": "q"})
+            store.schedule_touch(s, new=True)
+            await anyio.sleep(0.05)
+        with anyio.fail_after(5):
+            assert await tasks.drain(5)
+        assert batches == [5]
+        for s in sessions:
+            row = await store.index.get(s.id)
+            assert row is not None and row["messages"] == 0
+            store.close_writer(s)
+        tasks.close()
+        await store.aclose()
+        tg.cancel_scope.cancel()

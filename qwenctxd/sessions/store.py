@@ -33,6 +33,7 @@ from qwenctxd.sessions.state import Session
 from qwenctxd.tasks import TaskRegistry
 
 log = structlog.get_logger("qwenctxd.sessions")
+TOUCH_COALESCE_S = 0.5  # index touches close together are written in one batch
 FSYNC_INTERVAL_S = 1.0  # a live session's transcript is fsynced at most this often
 
 
@@ -180,11 +181,14 @@ class SessionStore:
         wait for the database, and ``session.list`` finds the file by its scan meanwhile). The
         touches of a project's sessions are batched: one job writes every row touched since the
         last one, in one transaction (32 concurrent conversations: one commit instead of one
-        per turn, the aiosqlite thread being the daemon's busiest under that load)."""
+        per turn, the aiosqlite thread being the daemon's busiest under that load). The job
+        first waits for :data:`TOUCH_COALESCE_S` without touches (at most that long; a drain
+        hurries it): a batch begun at once held the one or two rows touched before it ran."""
         if not self.tasks.accepting:
             return
         project = str(s.project.anchor)
         pending = self._touches.setdefault(project, {})
+        self.tasks.quiet.touch(f"index-touches:{project}")
         if not pending:  # the first since the last batch took its rows: one job for them all
             self.tasks.submit("index", lambda: self._write_touches(project),
                               key=f"index-touches:{project}", project=project)
@@ -193,6 +197,8 @@ class SessionStore:
             self._unindexed.add(s.id)
 
     async def _write_touches(self, project: str) -> None:
+        await self.tasks.quiet.wait(f"index-touches:{project}", TOUCH_COALESCE_S,
+                                    TOUCH_COALESCE_S)
         batch = list(self._touches.pop(project, {}).values())
         if not batch:
             return
