@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import anyio
@@ -34,6 +36,30 @@ class WatchedStore(SessionStore):
 def runtime(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("QWEN_RUNTIME_DIR", str(tmp_path / "qwen"))
     return tmp_path / "qwen"
+
+
+@contextlib.asynccontextmanager
+async def running(tmp_path: Path) -> AsyncIterator[tuple[SessionStore, TaskRegistry]]:
+    """A started store over a task registry that runs its jobs, closed on the way out."""
+    tasks = TaskRegistry()
+    store = SessionStore(index_path=tmp_path / "sessions.sqlite", tasks=tasks)
+    async with anyio.create_task_group() as tg:
+        tasks.attach(tg)
+        await store.start()
+        try:
+            yield store, tasks
+        finally:
+            tasks.close()
+            await store.aclose()
+            tg.cancel_scope.cancel()
+
+
+def recorded(store: SessionStore, cwd: Path, text: str) -> Session:
+    """A session with one user record, its writer closed."""
+    s = live_session(store, cwd)
+    store.record(s, {"role": "user", "content": text})
+    store.close_writer(s)
+    return s
 
 
 def live_session(store: SessionStore, cwd: Path) -> Session:
@@ -80,14 +106,8 @@ async def test_every_record_passes_recorded_and_one_fsync_job_per_interval(
 
 @pytest.mark.asyncio
 async def test_recorded_session_titled_found_and_deleted(tmp_path: Path, runtime: Path) -> None:
-    tasks = TaskRegistry()
-    store = SessionStore(index_path=tmp_path / "sessions.sqlite", tasks=tasks)
-    async with anyio.create_task_group() as tg:
-        tasks.attach(tg)
-        await store.start()
-        s = live_session(store, tmp_path / "proj")
-        store.record(s, {"role": "user", "content": "q"})
-        store.close_writer(s)
+    async with running(tmp_path) as (store, _tasks):
+        s = recorded(store, tmp_path / "proj", "q")
         # found from another directory too (the index row, else any project's chats dir)
         assert await store.find(s.id, Path("/")) == s.path
         await store.title_recorded(s.id, "Later title")
@@ -98,9 +118,6 @@ async def test_recorded_session_titled_found_and_deleted(tmp_path: Path, runtime
         assert not s.path.exists() and await store.index.get(s.id) is None
         with pytest.raises(errors.SessionNotFound):
             await store.title_recorded(s.id, "gone")
-        tasks.close()
-        await store.aclose()
-        tg.cancel_scope.cancel()
 
 
 
@@ -110,14 +127,8 @@ async def test_open_finds_a_file_only_the_index_knows_and_creates_new_ones(
     """The index's path is asked beside the open's disk job: a session recorded under an
     earlier runtime directory (which no scan of the current one finds) still resumes, and a
     new id gets its new file."""
-    tasks = TaskRegistry()
-    store = SessionStore(index_path=tmp_path / "sessions.sqlite", tasks=tasks)
-    async with anyio.create_task_group() as tg:
-        tasks.attach(tg)
-        await store.start()
-        s = live_session(store, tmp_path / "proj")
-        store.record(s, {"role": "user", "content": "remembered question"})
-        store.close_writer(s)
+    async with running(tmp_path) as (store, _tasks):
+        s = recorded(store, tmp_path / "proj", "remembered question")
         await store.upsert(s)
         monkeypatch.setenv("QWEN_RUNTIME_DIR", str(tmp_path / "moved"))  # scans look elsewhere
         cwd = tmp_path / "proj"
@@ -136,21 +147,14 @@ async def test_open_finds_a_file_only_the_index_knows_and_creates_new_ones(
         assert created is not None and created.path == new_path and created.state is None
         created.writer.close()
         assert new_path.exists()
-        tasks.close()
-        await store.aclose()
-        tg.cancel_scope.cancel()
 
 
 @pytest.mark.asyncio
 async def test_index_touches_close_together_are_one_batch(tmp_path: Path, runtime: Path) -> None:
     """Turns completed within TOUCH_COALESCE_S of each other refresh their index rows in one
     batch (one transaction), and a drain does not wait the coalescing out."""
-    tasks = TaskRegistry()
-    store = SessionStore(index_path=tmp_path / "sessions.sqlite", tasks=tasks)
     batches: list[int] = []
-    async with anyio.create_task_group() as tg:
-        tasks.attach(tg)
-        await store.start()
+    async with running(tmp_path) as (store, tasks):
         real = store.index.write_sessions
 
         async def counting(new: list, touched: list) -> None:  # type: ignore[type-arg]
@@ -170,6 +174,3 @@ async def test_index_touches_close_together_are_one_batch(tmp_path: Path, runtim
             row = await store.index.get(s.id)
             assert row is not None and row["messages"] == 0
             store.close_writer(s)
-        tasks.close()
-        await store.aclose()
-        tg.cancel_scope.cancel()
