@@ -8,8 +8,9 @@ against the JSONL, and RSS before/after".
    ``KILL_TURNS`` rounds of a user ``session.turn`` followed by a ``session.record_model``
    text reply; every text carries a unique marker, and a client remembers the marker of every
    call the daemon acknowledged (answered with a result). ``KILLS`` times, when the count of
-   acknowledged calls passes a seeded random point of the run, the daemon gets SIGKILL and is
-   started again on the same tree; each client notices its connection is gone, reconnects,
+   acknowledged calls passes a seeded random point of the run, the daemon gets SIGKILL (within
+   20 ms; the clients go on meanwhile at ``KILL_PACE_S`` between calls, so a daemon fast enough
+   to finish the run in that time cannot outrun the kill) and is started again on the same tree; each client notices its connection is gone, reconnects,
    re-opens its session with ``session.open {session_id, resume: true}`` and carries on with a
    new user turn (a user turn whose reply was lost is merged by the daemon: that is the
    protocol's rule, and both markers stay in the merged message). At the end the daemon is
@@ -52,6 +53,7 @@ from qwenctxd.testing.spawn import SpawnedDaemon
 SEED = 19
 KILL_CLIENTS = 16
 KILL_TURNS = 40
+KILL_PACE_S = 0.005  # between a client's calls while a kill is pending
 KILLS = 6
 RSS_CLIENTS = 64
 RSS_TURNS = 200
@@ -100,6 +102,9 @@ class KillRun:
         self.restarted = threading.Condition(self.lock)
         self.generation = 0  # bumped by every restart
         self.done = threading.Event()
+        #: a kill point was reached and its kill has not landed yet: the clients go on, at a
+        #: slower pace, so a fast daemon cannot finish the run before the killer acts
+        self.kill_pending = threading.Event()
         self.killer_errors: list[str] = []
 
     def _ack(self, log: ClientLog, mark: str) -> None:
@@ -148,6 +153,8 @@ class KillRun:
         turn = 0
         step = "user"
         while turn < self.turns:
+            if self.kill_pending.is_set():
+                time.sleep(KILL_PACE_S)
             kind = "u" if step == "user" else "a"
             mark = marker(self.run, log.index, turn, kind)
             try:
@@ -194,9 +201,11 @@ class KillRun:
                 time.sleep(0.002)
             if self.done.is_set():
                 return
+            self.kill_pending.set()
             time.sleep(rng.uniform(0.0, 0.02))  # a random moment within the ongoing calls
             t0 = time.perf_counter()
             self.daemon.kill9()
+            self.kill_pending.clear()
             self.daemon.stop()  # closes the old log handle; the process is gone already
             self.daemon.start(timeout=30)
             kill_log.append({"at_acked": point, "restart_s": round(time.perf_counter() - t0, 3)})

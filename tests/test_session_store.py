@@ -166,7 +166,7 @@ async def test_index_touches_close_together_are_one_batch(tmp_path: Path, runtim
         for s in sessions:
             store.record(s, {"role": "user", "content": "q"})
             store.schedule_touch(s, new=True)
-            await anyio.sleep(0.05)
+            await anyio.sleep(0.05)  # sleep-ok: touches 50 ms apart, inside the window
         with anyio.fail_after(5):
             assert await tasks.drain(5)
         assert batches == [5]
