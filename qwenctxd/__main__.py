@@ -92,6 +92,9 @@ def main(argv: list[str] | None = None) -> int:
 
         fatal("daemon crashed", error=f"{type(exc).__name__}: {exc}",
               traceback="".join(traceback.format_exception(exc))[-8000:])
+        # a crash skips the services' close: a database thread left open must not keep the
+        # process alive (it did: `qwenctl stop` then waited for a daemon that never left)
+        exit_guard.leave_when_threads_linger(1)
         return 1
 
 

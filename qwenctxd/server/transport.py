@@ -134,6 +134,12 @@ async def accept_loop(
 
     task_status.started()
     while True:
+        if listening.fileno() < 0:
+            # shutdown closed the listener while a connection was being accepted: the scope's
+            # cancellation has not landed yet, and accepting on a closed socket raises
+            # ValueError (uvloop) — which crashed the shutdown and left the process unable
+            # to exit (its database threads never closed)
+            return
         try:
             sock, _ = await loop.sock_accept(listening)
         except OSError as exc:
