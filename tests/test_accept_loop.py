@@ -12,8 +12,11 @@ import pytest
 
 from qwenctxd.server import transport
 
+handled: list[int] = []
+
 
 async def handler(conn: transport.SocketConnection, uid: int) -> None:
+    handled.append(uid)
     conn.close()
 
 
@@ -26,6 +29,9 @@ async def test_the_accept_loop_ends_when_its_listener_is_closed(tmp_path: Path) 
     listener.listen(4)
     listener.setblocking(False)
     listener.close()  # shutdown closed it before the loop came round again
+    ended = False
     async with anyio.create_task_group() as conns:
         with anyio.fail_after(5):
             await transport.accept_loop(listener, handler, conns, max_connections=lambda: 4)
+            ended = True
+    assert ended and handled == []  # it returned (no ValueError), having accepted nothing
