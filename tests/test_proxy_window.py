@@ -148,14 +148,28 @@ def test_an_agents_one_shot_side_query_makes_no_session(running) -> None:  # typ
     assert after == before  # folded: no session of its own
 
 
-def test_asking_again_after_an_empty_answer_stays_in_the_session(running) -> None:  # type: ignore[no-untyped-def]
-    """Qwen Code retries a request whose answer was empty: the same history again. That
+#: answers Qwen Code 0.24 throws away as an invalid stream and asks again for
+DISCARDED = {
+    "empty": "",
+    "blank": " \n ",
+    "protocol tag": "<summary>\nThe deploy gate is BLUEHERON.\n</summary>",
+    "closing protocol tag": "  </analysis> then the answer",
+    "a bare tag start": "<summ",
+    "leaked tool-call tags": '{"path": "README.md"}</parameter>\n</function>',
+    "upstream placeholder": "(request timeout)",
+}
+
+
+@pytest.mark.parametrize("why", list(DISCARDED))
+def test_asking_again_after_a_discarded_answer_stays_in_the_session(  # type: ignore[no-untyped-def]
+        running, why: str) -> None:
+    """Qwen Code retries a request whose answer it discarded: the same history again. That
     turn is taken back and asked anew in the same session (a regenerate after a real answer
     still forks, see test_proxy_chat)."""
     proxy, stub, script, d = running
     base = [{"role": "system", "content": CLIENT_SYSTEM},
-            {"role": "user", "content": "a question that first gets an empty answer"}]
-    script.replies += [Reply(content=""), Reply(content="the real answer")]
+            {"role": "user", "content": f"a question that first gets an answer: {why}"}]
+    script.replies += [Reply(content=DISCARDED[why]), Reply(content="the real answer")]
     c = client(proxy)
     first = c.chat.completions.with_raw_response.create(model="stub-model", messages=base)  # type: ignore[arg-type]
     second = c.chat.completions.with_raw_response.create(model="stub-model", messages=base)  # type: ignore[arg-type]
@@ -194,6 +208,27 @@ def test_asking_again_after_an_answer_out_of_budget_stays_in_the_session(  # typ
     said = [e for e in entries if e["role"] in ("user", "assistant")]
     assert [e["role"] for e in said][-2:] == ["user", "assistant"]
     assert "BLUEHERON." in json.dumps(said[-1])
+
+
+@pytest.mark.parametrize(("content", "finish", "discarded"), [
+    *((text, "stop", True) for text in DISCARDED.values()),
+    ("The deploy gate is BLUEHERON.", "length", True),
+    ("The gate\n\n[reply cut off: the client disconnected]", "stop", True),
+    ("The deploy gate is BLUEHERON.", "stop", False),
+    ("<summary-card> is a tag of ours", "stop", False),
+    ("Summary: the gate is BLUEHERON", "stop", False),
+    ('{"gate": "BLUEHERON"}', "stop", False),
+    ("see </parameter></function> in the docs", "stop", False),
+    ("(request timeout) happened twice yesterday", "stop", False),
+])
+def test_unusable_answer_matches_what_qwen_code_discards(
+        content: str, finish: str, discarded: bool) -> None:
+    from qwenctl.proxy.reply import unusable_answer
+    assert unusable_answer({"role": "assistant", "content": content}, finish) is discarded
+    call = {"id": "c1", "type": "function", "function": {"name": "read_file", "arguments": "{}"}}
+    # a tool call is an answer whatever the text says, unless the budget stopped it
+    assert unusable_answer({"role": "assistant", "content": content, "tool_calls": [call]},
+                           finish) is (finish == "length")
 
 
 def test_fit_request_caps_answers_with_the_proxys_max_tokens() -> None:

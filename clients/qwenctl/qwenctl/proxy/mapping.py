@@ -24,6 +24,7 @@ import anyio
 import structlog
 
 from qwenctl.proxy.conversation import Conversation, fingerprint, steps
+from qwenctl.proxy.reply import unusable_answer
 from qwenctxd.client.history import SessionHistory
 from qwenctxd.protocol import instructions as iwire
 from qwenctxd.protocol import methods
@@ -40,7 +41,7 @@ class Mapped:
     session_id: str | None = None
     fps: list[bytes] = field(default_factory=list)
     roles: list[str] = field(default_factory=list)  # the role of each mapped message
-    #: the last recorded reply was no answer (empty, cut off, or out of token budget): a
+    #: the last recorded reply was no answer (:func:`reply.unusable_answer`): a
     #: client that asks again retries in the same session instead of regenerating into a
     #: fresh one
     reply_failed: bool = False
@@ -156,19 +157,16 @@ class SessionMap:
     async def record(self, st: Mapped, message: dict[str, Any],
                      usage: dict[str, int] | None, finish_reason: str | None = None) -> None:
         """Record the upstream reply (call with ``st.lock`` held). A reply that is no usable
-        answer — empty, cut off, or stopped by the token budget (``finish_reason`` "length":
-        Qwen Code asks the same again with a larger budget) — lets the client ask again in
-        this session."""
+        answer (:func:`reply.unusable_answer`: empty, cut off, stopped by the token budget, or
+        one Qwen Code discards as an invalid stream) lets the client ask again in this
+        session."""
         await self.daemon.request(methods.SESSION_RECORD_MODEL, swire.RecordModelParams(
             session_id=st.session_id,  # type: ignore[arg-type]  # set by map() under the lock
             message=message,
             usage=swire.ApiUsage(**usage) if usage else None))
         st.fps.append(fingerprint(message))
         st.roles.append("assistant")
-        text = message.get("content")
-        text = text if isinstance(text, str) else ""
-        st.reply_failed = finish_reason == "length" or not message.get("tool_calls") and (
-            not text.strip() or "[reply cut off:" in text)
+        st.reply_failed = unusable_answer(message, finish_reason)
         st.awaiting, st.last_prompt = False, None
         st.pending = [c["id"] for c in message.get("tool_calls") or []]
 

@@ -10,6 +10,7 @@ same for a non-streamed body.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import msgspec
@@ -195,6 +196,36 @@ def finish_reason_of(body: Any) -> str | None:
     except (KeyError, IndexError, TypeError, AttributeError):
         return None
     return reason if isinstance(reason, str) else None
+
+
+#: how Qwen Code (0.24) tells an answer it must not keep from one it shows: it asks the same
+#: history again after each of these, and that is a retry, not a regenerate
+_PROTOCOL_TAGS = ("<analysis", "</analysis", "<summary", "</summary")
+_LEAKED_CALL_TAGS = re.compile(r"[}\]]\s*</parameter>\s*</function>", re.IGNORECASE)
+_DEGRADED_PLACEHOLDER = "(request timeout)"
+
+
+def unusable_answer(message: dict[str, Any], finish_reason: str | None) -> bool:
+    """Whether a recorded reply is no answer the client can keep, so that a client asking
+    the same again is retrying it: stopped by the token budget (``finish_reason``
+    "length"), cut off, empty, or one Qwen Code throws away as an invalid stream: text that
+    starts with a leaked protocol tag (``<summary>``, ``<analysis>``), JSON text carrying
+    leaked tool-call tags, or the upstream's ``(request timeout)`` placeholder."""
+    if finish_reason == "length":
+        return True
+    if message.get("tool_calls"):
+        return False
+    text = message.get("content")
+    text = text.strip() if isinstance(text, str) else ""
+    if not text or CUT_MARKER.split("{", 1)[0] in text or text == _DEGRADED_PLACEHOLDER:
+        return True
+    head = text.lower()
+    if any(tag.startswith(head) for tag in _PROTOCOL_TAGS):  # the whole answer: "<summ"
+        return True
+    for tag in _PROTOCOL_TAGS:
+        if head.startswith(tag) and (len(head) == len(tag) or head[len(tag)] in " \t\n\r/>"):
+            return True
+    return head[:1] in "{[" and _LEAKED_CALL_TAGS.search(text) is not None
 
 
 def usage_of(body: Any) -> dict[str, int] | None:
