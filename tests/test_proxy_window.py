@@ -213,6 +213,7 @@ def test_asking_again_after_an_answer_out_of_budget_stays_in_the_session(  # typ
 @pytest.mark.parametrize(("content", "finish", "discarded"), [
     *((text, "stop", True) for text in DISCARDED.values()),
     ("The deploy gate is BLUEHERON.", "length", True),
+    ("The deploy gate is BLUEHERON.", None, True),
     ("The gate\n\n[reply cut off: the client disconnected]", "stop", True),
     ("The deploy gate is BLUEHERON.", "stop", False),
     ("<summary-card> is a tag of ours", "stop", False),
@@ -222,13 +223,41 @@ def test_asking_again_after_an_answer_out_of_budget_stays_in_the_session(  # typ
     ("(request timeout) happened twice yesterday", "stop", False),
 ])
 def test_unusable_answer_matches_what_qwen_code_discards(
-        content: str, finish: str, discarded: bool) -> None:
+        content: str, finish: str | None, discarded: bool) -> None:
     from qwenctl.proxy.reply import unusable_answer
     assert unusable_answer({"role": "assistant", "content": content}, finish) is discarded
     call = {"id": "c1", "type": "function", "function": {"name": "read_file", "arguments": "{}"}}
-    # a tool call is an answer whatever the text says, unless the budget stopped it
+    # a tool call is an answer whatever the text says, unless it did not finish
     assert unusable_answer({"role": "assistant", "content": content, "tool_calls": [call]},
-                           finish) is (finish == "length")
+                           finish) is (finish in ("length", None))
+
+
+def test_asking_again_after_an_interrupted_stream_stays_in_the_session(running) -> None:  # type: ignore[no-untyped-def]
+    """A one-slot local server (llama-cpp-python's) interrupts a stream when another request
+    arrives: part of the answer, then ``[DONE]`` with no finish reason. Qwen Code retries such
+    a stream (its NO_FINISH_REASON); that is a retry in the same session — seen in CI when
+    the daemon's extraction reached the server during the user's answer."""
+    proxy, stub, script, d = running
+    base = [{"role": "system", "content": CLIENT_SYSTEM},
+            {"role": "user", "content": "a question whose first answer is interrupted"}]
+    script.replies += [Reply(content="The deploy gate is called BLUE and the rest",
+                             fault="interrupted"),
+                       Reply(content="BLUEHERON.")]
+    c = client(proxy)
+    first = c.chat.completions.with_raw_response.create(  # type: ignore[call-overload]
+        model="stub-model", messages=base, stream=True)
+    chunks = list(first.parse())
+    assert chunks and all(ch.choices[0].finish_reason is None for ch in chunks if ch.choices)
+    second = c.chat.completions.with_raw_response.create(  # type: ignore[call-overload]
+        model="stub-model", messages=base, stream=True)
+    assert "".join(ch.choices[0].delta.content or "" for ch in second.parse()
+                   if ch.choices) == "BLUEHERON."
+    sid = first.headers["x-qwenctx-session"]
+    assert second.headers["x-qwenctx-session"] == sid
+    said = [e for e in d.call("session.transcript", {"session_id": sid})["entries"]
+            if e["role"] in ("user", "assistant")]
+    assert [e["role"] for e in said][-2:] == ["user", "assistant"]
+    assert "BLUEHERON." in json.dumps(said[-1])
 
 
 def test_fit_request_caps_answers_with_the_proxys_max_tokens() -> None:

@@ -26,7 +26,8 @@ __all__ = [
 ]
 
 Fault = Literal[
-    "http_500", "http_400", "slow", "cut_stream", "invalid_json", "drop", "reject_json_schema"
+    "http_500", "http_400", "slow", "cut_stream", "interrupted", "invalid_json", "drop",
+    "reject_json_schema",
 ]
 FAULTS: frozenset[str] = frozenset(get_args(Fault))
 SLOW_DEFAULT_S = 30.0
@@ -47,7 +48,9 @@ class Reply:
 
     Faults: ``http_500``/``http_400`` answer that status with an OpenAI error body; ``slow``
     delays; ``cut_stream`` sends part of the reply then closes the socket (streamed: some SSE
-    chunks, no ``[DONE]``; not streamed: half the declared body); ``invalid_json`` sends a 200
+    chunks, no ``[DONE]``; not streamed: half the declared body); ``interrupted`` (streamed)
+    sends part of the reply then ``[DONE]`` with no finish reason, as llama-cpp-python's server
+    ends a stream it interrupts for another request; ``invalid_json`` sends a 200
     whose body (or SSE data) is not JSON; ``drop`` closes the connection without a response;
     ``reject_json_schema`` answers HTTP 500 to ``response_format.type == "json_schema"``
     requests and normally to others.

@@ -525,7 +525,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
         events = list(stream_events(body, reply, self.stub.next_id, self.stub.models[0]))
-        if reply.fault == "cut_stream":
+        if reply.fault in ("cut_stream", "interrupted"):
             events = events[: max(2, len(events) // 2)]
         for n, event in enumerate(events):
             if n and self.stub._sleep(reply.chunk_delay_s):

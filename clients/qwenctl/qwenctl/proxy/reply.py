@@ -208,10 +208,12 @@ _DEGRADED_PLACEHOLDER = "(request timeout)"
 def unusable_answer(message: dict[str, Any], finish_reason: str | None) -> bool:
     """Whether a recorded reply is no answer the client can keep, so that a client asking
     the same again is retrying it: stopped by the token budget (``finish_reason``
-    "length"), cut off, empty, or one Qwen Code throws away as an invalid stream: text that
-    starts with a leaked protocol tag (``<summary>``, ``<analysis>``), JSON text carrying
-    leaked tool-call tags, or the upstream's ``(request timeout)`` placeholder."""
-    if finish_reason == "length":
+    "length"), ended without a finish reason (llama-cpp-python's server ends a stream it
+    interrupts for another request with ``[DONE]`` and no finish reason), cut off, empty,
+    or one Qwen Code throws away as an invalid stream: text that starts with a leaked
+    protocol tag (``<summary>``, ``<analysis>``), JSON text carrying leaked tool-call tags,
+    or the upstream's ``(request timeout)`` placeholder."""
+    if finish_reason in ("length", None):
         return True
     if message.get("tool_calls"):
         return False
