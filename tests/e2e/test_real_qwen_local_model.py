@@ -6,12 +6,15 @@ Qwen Code declares tools without ``parameters`` (llama.cpp answers HTTP 500 to t
 ``max_tokens: 32000`` and sends a ~17k-token prompt; through the proxy ``qwen -p`` answers
 with no upstream error, every forwarded request fits the server's window, the conversation is
 recorded under the user's words (Qwen Code's own one-shot side query is folded, no title is a
-``<system-reminder>``), and a memory marker from the project reaches the model. A small recording relay between the proxy and llama.cpp keeps every forwarded body."""
+``<system-reminder>``), and a memory marker from the project reaches the model. A small
+recording relay in front of llama.cpp (one URL for the proxy's upstream and the daemon's
+endpoint, as in the README) keeps every body and answer."""
 
 from __future__ import annotations
 
 import http.server
 import json
+import sys
 import threading
 import urllib.request
 from collections.abc import Iterator
@@ -39,6 +42,8 @@ class Relay:
     def __init__(self, upstream: str) -> None:
         self.upstream = upstream.rstrip("/")
         self.bodies: list[dict[str, Any]] = []
+        #: each POST's body with its answer as it passed (SSE as is), for a failure's message
+        self.answers: list[tuple[dict[str, Any], str]] = []
         relay = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -50,9 +55,11 @@ class Relay:
             def _pass(self, method: str) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(length) if length else None
+                body: dict[str, Any] = {}
                 if raw:
                     try:
-                        relay.bodies.append(json.loads(raw))
+                        body = json.loads(raw)
+                        relay.bodies.append(body)
                     except ValueError:
                         pass
                 path = self.path[len("/v1"):] if self.path.startswith("/v1") else self.path
@@ -68,10 +75,16 @@ class Relay:
                                                                       "application/json"))
                     self.send_header("Transfer-Encoding", "chunked")
                     self.end_headers()
-                    for chunk in iter(lambda: resp.read1(65536), b""):
-                        self.wfile.write(f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")
-                        self.wfile.flush()
-                    self.wfile.write(b"0\r\n\r\n")
+                    answer = bytearray()
+                    try:
+                        for chunk in iter(lambda: resp.read1(65536), b""):
+                            answer += chunk
+                            self.wfile.write(f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")
+                            self.wfile.flush()
+                        self.wfile.write(b"0\r\n\r\n")
+                    finally:
+                        if method == "POST":
+                            relay.answers.append((body, answer.decode(errors="replace")))
 
             def do_GET(self) -> None:
                 self._pass("GET")
@@ -95,6 +108,34 @@ class Relay:
         self.server.server_close()
 
 
+def exchanges(relay: Relay) -> list[tuple[list[str], str]]:
+    """Each forwarded request's message roles with the content the model answered (for an
+    assertion's message: why a client asked again)."""
+    out = []
+    for body, answer in relay.answers:
+        roles = [str(m.get("role")) for m in body.get("messages") or []]
+        text = "".join(_delta_text(line[5:]) for line in answer.splitlines()
+                       if line.startswith("data:"))
+        out.append((roles, text[:400] or answer[-400:]))
+    return out
+
+
+def retries_of(home: Path) -> list[str]:
+    """Why Qwen Code asked again, from its debug log (``QWEN_DEBUG_LOG_FILE``)."""
+    return [line[:300] for log in sorted((home / ".qwen").rglob("*.txt"))
+            for line in log.read_text(errors="replace").splitlines()
+            if any(w in line for w in ("Invalid stream", "retry", "Retry", "XML tool call"))]
+
+
+def _delta_text(data: str) -> str:
+    try:
+        choice = (json.loads(data).get("choices") or [{}])[0]
+        return str((choice.get("delta") or {}).get("content") or "") + (
+            f" <{choice['finish_reason']}>" if choice.get("finish_reason") else "")
+    except (ValueError, AttributeError, IndexError, TypeError):
+        return ""
+
+
 @pytest.fixture
 def local_model(tmp_path: Path) -> Iterator[LlamaServer]:
     with LlamaServer(tmp_path / "llama.log", n_ctx=N_CTX) as server:
@@ -104,8 +145,11 @@ def local_model(tmp_path: Path) -> Iterator[LlamaServer]:
 def test_qwen_code_on_a_local_model_through_the_proxy(
         spawn: type[SpawnedDaemon], local_model: LlamaServer, tmp_path: Path) -> None:
     with Relay(local_model.base_url) as relay:
-        # the daemon's side queries go to the same one-slot server (the obvious laptop set-up)
-        d = spawn(env={"OPENAI_BASE_URL": local_model.base_url, "OPENAI_API_KEY": "none",
+        # the daemon's side queries go to the same one-slot server (the obvious laptop set-up),
+        # under the same URL as the proxy's upstream: that is how the daemon knows its side
+        # queries must yield to the user's requests there. (Behind a URL of their own they did
+        # not, and llama-cpp-python's server cut the user's answer short for an extraction.)
+        d = spawn(env={"OPENAI_BASE_URL": relay.base_url, "OPENAI_API_KEY": "none",
                        "OPENAI_MODEL": "smollm2"})
         toml = d.home / ".config" / "qwenctxd" / "config.toml"
         toml.parent.mkdir(parents=True)
@@ -129,7 +173,8 @@ def test_qwen_code_on_a_local_model_through_the_proxy(
             # stream that sends no chunk for 240 s and asks again; a loaded machine can take
             # longer than that to read the prompt, so its idle limit is raised to the bound
             proc = cli.run(prompt="What is the deploy gate called? One short sentence.",
-                           timeout=1200, extra_env={"QWEN_STREAM_IDLE_TIMEOUT_MS": "1200000"})
+                           timeout=1200, extra_env={"QWEN_STREAM_IDLE_TIMEOUT_MS": "1200000",
+                                                 "QWEN_DEBUG_LOG_FILE": "1"})
             proxy_log = proxy.log_text()
             # the client waits longer than the drain may (its default read timeout is 30 s; the
             # extraction on the one-slot local server can take most of the drain's minute)
@@ -158,5 +203,9 @@ def test_qwen_code_on_a_local_model_through_the_proxy(
     # retries in the same session, not regenerates
     titles = [s.get("title") or "" for s in sessions]
     assert all(t.startswith("What is the deploy gate") for t in titles), titles
+    if len(sessions) != 1:  # in full on stderr: an assertion's message is cut short
+        sys.stderr.write(json.dumps({"proxy_log": proxy_log[-20000:],
+                                     "exchanges": exchanges(relay),
+                                     "qwen_retries": retries_of(home)}, indent=1) + "\n")
     assert len(sessions) == 1, ([(s.get("title"), s.get("messages")) for s in sessions],
-                                proxy_log[-4000:])
+                                proxy_log[-4000:], exchanges(relay), retries_of(home))
