@@ -468,6 +468,23 @@ async def test_update_lets_in_flight_call_finish_on_old_endpoint(
 
 
 @pytest.mark.asyncio
+async def test_warm_up_makes_the_http_client_before_the_first_call(
+        openai_stub: ScriptedOpenAI) -> None:
+    """The SDK client (its SSL context, its lazily imported resources: ~40 ms) is made at
+    warm-up in a worker thread, not on the event loop by the first call."""
+    openai_stub.push(Reply(content="ok"))
+    async with ModelClient(_endpoint(openai_stub.base_url)) as client:
+        await client.warm_up()
+        assert client.imported and client._slot is not None
+        made = client._slot.client
+        assert (await client.complete(USER)).text == "ok"
+        assert client._slot.client is made
+    async with ModelClient(ModelEndpoint()) as unconfigured:
+        await unconfigured.warm_up()  # imports the SDK; no endpoint, no client
+        assert unconfigured.imported and unconfigured._slot is None
+
+
+@pytest.mark.asyncio
 async def test_concurrent_calls_share_one_client(openai_stub: ScriptedOpenAI) -> None:
     def handler(body: dict[str, Any]) -> Reply:
         return Reply(content=f"re: {body['messages'][-1]['content']}", delay_s=0.05)
@@ -484,6 +501,7 @@ async def test_concurrent_calls_share_one_client(openai_stub: ScriptedOpenAI) ->
             for i in range(12):
                 tg.start_soon(one, i)
         assert client.status()["calls"] == 12
+        assert client._retired == []  # the first calls waited for one client, made once
     assert results == {i: f"re: q{i}" for i in range(12)}
 
 

@@ -86,6 +86,13 @@ _STATUS_FEATURES = ("compress", "project_summary", "recap", "recall", "forget", 
                     "dream", "skill_review", "speculation")
 
 
+def _new_client(oa: ModuleType, ep: ModelEndpoint) -> AsyncOpenAI:
+    client = oa.AsyncOpenAI(base_url=ep.base_url, api_key=ep.api_key or "none",
+                            max_retries=0, timeout=ep.timeout_s)
+    client.chat.completions  # noqa: B018  # imports the chat resources here, not on the loop
+    return client
+
+
 @dataclass(slots=True)
 class _Slot:
     """An ``AsyncOpenAI`` for one (base_url, api_key) and the calls using it."""
@@ -115,6 +122,7 @@ class ModelClient:
         self._scheduler = scheduler
         self._openai: ModuleType | None = None
         self._slot: _Slot | None = None
+        self._making = anyio.Lock()  # held while the HTTP client is made (see _acquire)
         self._retired: list[_Slot] = []
         self._quirks: dict[str, set[str]] = {}
         self._calls = 0
@@ -195,8 +203,11 @@ class ModelClient:
             log.info("model_endpoint_quirk_learned", quirk=quirk, endpoint=safe_url(url))
 
     async def warm_up(self) -> None:
-        """Import ``openai`` now (in a worker thread) instead of on the first call."""
+        """Import ``openai`` now (in a worker thread) instead of on the first call, and with
+        an endpoint configured make its HTTP client too (see :meth:`_acquire`)."""
         await self._import()
+        if self._endpoint.configured and self._slot is None:
+            await self._release(await self._acquire())
 
     async def aclose(self) -> None:
         """Close the HTTP clients this instance opened; later calls open a new one.
@@ -431,13 +442,21 @@ class ModelClient:
         ep = self._endpoint
         slot = self._slot
         if slot is None:
-            client = oa.AsyncOpenAI(
-                base_url=ep.base_url,
-                api_key=ep.api_key or "none",
-                max_retries=0,
-                timeout=ep.timeout_s,
-            )
-            slot = self._slot = _Slot(client=client, key=(ep.base_url, ep.api_key))
+            # made in a worker thread: the transport's SSL context (the CA bundle read and
+            # parsed) and the SDK's lazily imported resources took ~40 ms of the event loop
+            # on the first model call, a stall for every request in flight
+            async with self._making:  # one at a time: concurrent first calls share it
+                ep = self._endpoint
+                if self._slot is None:
+                    key = (ep.base_url, ep.api_key)
+                    client = await anyio.to_thread.run_sync(_new_client, oa, ep)
+                    slot = _Slot(client=client, key=key)
+                    if (self._endpoint.base_url, self._endpoint.api_key) == key:
+                        self._slot = slot
+                    else:  # the endpoint changed meanwhile: not kept
+                        slot.retired = True
+                        self._retired.append(slot)
+            return await self._acquire()
         slot.inflight += 1
         return slot
 
