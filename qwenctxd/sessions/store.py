@@ -96,9 +96,9 @@ class SessionStore:
         ``must_exist`` and no file was found (no file is made then). The job is not abandoned
         on cancellation: its writer holds an open descriptor (the caller closes it)."""
         def job() -> OpenedFiles | None:
-            # the index's path is read in this thread, last: a new session (most opens) finds
-            # no file either way, and the lookup queued behind the index's batch writes on
-            # the database thread was the slowest part of a slow open (issue 28)
+            # the index's path is read in this thread: queued behind the index's batch
+            # writes on the database thread, that lookup was the slowest part of a slow open
+            # (issue 28)
             found = _locate(session_id, cwd, lambda: self.index.path_now(session_id)) \
                 if find else None
             if found is None and must_exist:
@@ -276,27 +276,23 @@ def _fsync(writer: jsonl_writer.JsonlWriter) -> None:
 
 
 def _locate(session_id: str, cwd: Path, indexed: Callable[[], Path | None]) -> Path | None:
-    """The JSONL of ``session_id``: under cwd's project dir, in any project's chats dir (a
-    session may be continued from another directory), or where the index says
-    (``indexed()``, asked last: it may wait for the index)."""
+    """The JSONL of ``session_id``: under cwd's project dir, where the index says
+    (``indexed()``, one read of its table: a session may be continued from another
+    directory), or, for a file the index has not seen yet, in any project's chats dir."""
     direct = records.session_path(cwd, session_id)
     if direct.exists():
         return direct
+    hint = indexed()
+    if hint is not None and hint.exists():
+        return hint
     projects = runtime_base_dir() / "projects"
     try:
         slugs = os.listdir(projects)
     except FileNotFoundError:
         slugs = []
+    name = f"{session_id}.jsonl"
     for slug in slugs:
-        cand = projects / slug / "chats" / f"{session_id}.jsonl"
-        if cand.exists():
-            return cand
-    hint = indexed()
-    if hint is not None and hint.exists():
-        return hint
-    return None
-    for slug in slugs:
-        cand = projects / slug / "chats" / f"{session_id}.jsonl"
-        if cand.exists():
-            return cand
+        cand = os.path.join(projects, slug, "chats", name)
+        if os.path.exists(cand):
+            return Path(cand)
     return None
