@@ -482,6 +482,9 @@ async def test_warm_up_makes_the_http_client_before_the_first_call(
     async with ModelClient(ModelEndpoint()) as unconfigured:
         await unconfigured.warm_up()  # imports the SDK; no endpoint, no client
         assert unconfigured.imported and unconfigured._slot is None
+    async with ModelClient(_endpoint("localhost:8080/v1")) as malformed:
+        await malformed.warm_up()  # no scheme: the first call says so, the warm-up does not fail
+        assert malformed._slot is None
 
 
 @pytest.mark.asyncio

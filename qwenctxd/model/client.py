@@ -206,8 +206,12 @@ class ModelClient:
         """Import ``openai`` now (in a worker thread) instead of on the first call, and with
         an endpoint configured make its HTTP client too (see :meth:`_acquire`)."""
         await self._import()
-        if self._endpoint.configured and self._slot is None:
-            await self._release(await self._acquire())
+        ep = self._endpoint
+        if ep.configured and self._slot is None and not url_problem(ep.base_url or ""):
+            try:
+                await self._release(await self._acquire())
+            except Exception:  # the SDK refusing the configuration: the first call reports it
+                log.debug("model_client_warm_up_failed", exc_info=True)
 
     async def aclose(self) -> None:
         """Close the HTTP clients this instance opened; later calls open a new one.
