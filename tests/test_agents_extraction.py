@@ -311,6 +311,43 @@ def test_a_drain_starts_a_waiting_extraction_at_once(spawn) -> None:  # type: ig
         assert len(bodies) == 1 and "deploy window" in json.dumps(bodies[0][1]["messages"])
 
 
+def test_on_the_agents_own_local_server_extraction_waits_for_a_longer_pause(spawn) -> None:  # type: ignore[no-untyped-def]
+    """A session whose agent uses the daemon's own local model server (one slot, as a
+    laptop's llama.cpp): an extraction there would evict the agent's cached prompt, so by
+    default it waits for a pause of SHARED_SERVER_QUIET_S, not 1 s; a session on another
+    server is extracted after the usual pause, and a drain starts the waiting run at once."""
+    with ScriptedOpenAI() as stub:
+        d: SpawnedDaemon = spawn(env=model_env(stub)).start()
+        repo = d.home / "repo"
+        (repo / ".git").mkdir(parents=True)
+        bodies = record_extractions(stub)
+        elsewhere = d.call("session.open", {"cwd": str(repo), "model": "stub-model",
+                                            "model_base_url": "https://api.example.com/v1"})
+        user_turn(d, elsewhere["session_id"], "remember the staging host")
+        until(lambda: bodies, timeout=20, what="the extraction after the usual pause")
+        assert "staging host" in json.dumps(bodies[0][1]["messages"])
+        shared = d.call("session.open", {"cwd": str(repo), "model": "stub-model",
+                                         "model_base_url": stub.base_url})
+        user_turn(d, shared["session_id"], "remember the deploy window")
+        time.sleep(3.0)  # sleep-ok: three times the usual pause, and nothing ran
+        assert len(bodies) == 1
+        kinds = [t["kind"] for t in d.call("daemon.status")["background"]["in_flight"]]
+        assert kinds.count("extract") == 1, kinds
+        assert d.call("daemon.drain", {"timeout_s": 20})["drained"]
+        assert len(bodies) == 2 and "deploy window" in json.dumps(bodies[1][1]["messages"])
+
+
+def test_a_pause_the_user_set_holds_on_a_shared_local_server_too(spawn) -> None:  # type: ignore[no-untyped-def]
+    with ScriptedOpenAI() as stub:
+        d, repo = quiet_daemon(spawn, stub, 200)
+        bodies = record_extractions(stub)
+        shared = d.call("session.open", {"cwd": str(repo), "model": "stub-model",
+                                         "model_base_url": stub.base_url})
+        user_turn(d, shared["session_id"], "remember the deploy window")
+        until(lambda: bodies, timeout=20, what="the extraction after the set 0.2 s")
+        assert "deploy window" in json.dumps(bodies[0][1]["messages"])
+
+
 _message = st.one_of(
     st.builds(lambda t: {"role": "user", "content": t}, st.sampled_from(["", " ", "words"])),
     st.builds(lambda t: {"role": "user", "content": [{"type": "text", "text": t}]},

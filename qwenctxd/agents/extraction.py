@@ -14,7 +14,12 @@ After a turn (not for ``memory.extract``) a run first waits until the project's 
 ``memory.extractionQuietMs`` (1 s; at most :data:`MAX_DEFER_S`; a drain hurries it) and then
 takes its session's newest history, so a burst of an agent's requests costs one extraction
 after it instead of one beside each of them (tasks/quiet.py; the run it made redundant
-returns ``skipped``/``merged`` and records nothing).
+returns ``skipped``/``merged`` and records nothing). Unless the setting is given: when the
+session's agent uses the same local model server as the daemon's side queries
+(``shares_local_server``: often one slot), the pause is :data:`SHARED_SERVER_QUIET_S` and the
+bound :data:`SHARED_SERVER_MAX_DEFER_S`:
+a run there evicts the agent's cached prompt, and the agent's next request reads its whole
+prompt again (minutes on a laptop's CPU for Qwen Code's 17k tokens).
 
 The request carries the session's resolved :class:`~qwenctxd.project.Project`: its settings
 gate and time the run, its anchor keys the job, its root bounds what the agent may read.
@@ -40,6 +45,7 @@ from qwenctxd.memory.index import rebuild_index
 from qwenctxd.memory.outbound import OUTBOUND
 from qwenctxd.memory.service import MemoryService
 from qwenctxd.model import ModelClient
+from qwenctxd.model.scheduler import shares_local_server
 from qwenctxd.project import Project
 from qwenctxd.tasks import TaskRegistry
 
@@ -47,7 +53,12 @@ log = structlog.get_logger("qwenctxd.extract")
 WRITE_TOOLS = {"write_file", "edit", "replace", "create_file"}
 PATH_ARGS = ("file_path", "path", "target_file")
 MAX_TOPIC_SUMMARY = 280
+DEFAULT_QUIET_S = 1.0  # the pause a run after a turn waits for, unless settings say
 MAX_DEFER_S = 30.0  # a project whose turns never pause is extracted at least this often
+#: on a local model server the session's agent uses too: the pause a run waits for, and the
+#: longest it defers (each run there evicts the agent's cached prompt, see the module doc)
+SHARED_SERVER_QUIET_S = 20.0
+SHARED_SERVER_MAX_DEFER_S = 300.0
 
 
 def turns_key(project: Project) -> str:
@@ -67,6 +78,9 @@ class ExtractRequest:
     after_turn: bool = False
     #: an earlier run of the same session took this request's history (its own run is a no-op)
     taken: bool = False
+    #: the server the session's agent sends its requests to (``session.open``
+    #: ``model_base_url``), if it declared one
+    agent_base_url: str | None = None
 
 
 @dataclass
@@ -175,12 +189,23 @@ class Extractor:
                           project=str(anchor), description=f"session {req.session_id[:8]}")
         return True, None
 
+    def _pause(self, req: ExtractRequest) -> tuple[float, float]:
+        """(the pause in the project's turns a run after a turn waits for, the longest it
+        waits): ``memory.extractionQuietMs`` when set, else :data:`DEFAULT_QUIET_S`, or on the
+        local server the session's agent uses too the longer shared-server pause."""
+        set_ms = req.project.settings.memory.extraction_quiet_ms
+        if set_ms is not None:
+            return set_ms / 1000, MAX_DEFER_S
+        if shares_local_server(req.agent_base_url, self._model().endpoint.base_url):
+            return SHARED_SERVER_QUIET_S, SHARED_SERVER_MAX_DEFER_S
+        return DEFAULT_QUIET_S, MAX_DEFER_S
+
     async def run(self, req: ExtractRequest) -> ExtractResult:
         if req.taken:
             return ExtractResult(status="skipped", reason="merged")
         if req.after_turn:
-            quiet_s = req.project.settings.memory.extraction_quiet_ms / 1000
-            await self.tasks.quiet.wait(turns_key(req.project), quiet_s, MAX_DEFER_S)
+            quiet_s, max_defer_s = self._pause(req)
+            await self.tasks.quiet.wait(turns_key(req.project), quiet_s, max_defer_s)
             # the session's newest history: the turns made while this run waited (the newest
             # request of another session is its own queued run's)
             latest = self._latest.get(req.project.anchor)

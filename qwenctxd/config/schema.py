@@ -88,8 +88,10 @@ class MemorySettings(_Section):
     recall: RecallSettings = msgspec.field(default_factory=RecallSettings)
     embeddings: EmbeddingsSettings | None = None
     # extraction after a turn waits until the project's turns pause this long (at most 30 s;
-    # 0: at once, as Qwen Code does) — it stays off the CPU while an agent's requests come
-    extraction_quiet_ms: Annotated[int, Meta(ge=0, le=60_000)] = 1000
+    # 0: at once, as Qwen Code does) — it stays off the CPU while an agent's requests come.
+    # Unset: 1000, or 20 000 (at most 5 min) when the session's agent uses the daemon's own
+    # local model server (agents/extraction.py)
+    extraction_quiet_ms: Annotated[int, Meta(ge=0, le=60_000)] | None = None
 
 
 class SkillsSettings(_Section):

@@ -38,7 +38,7 @@ import anyio
 import structlog
 
 __all__ = ["BACKGROUND_FEATURES", "EndpointScheduler", "Preempted", "endpoint_key",
-           "is_loopback"]
+           "is_loopback", "shares_local_server"]
 
 log = structlog.get_logger(__name__)
 
@@ -78,6 +78,14 @@ def _endpoint_key(base_url: str) -> str:
 def is_loopback(base_url: str | None) -> bool:
     """Whether ``base_url`` names a server on this machine."""
     return endpoint_key(base_url).split("://", 1)[-1].startswith("loopback:")
+
+
+def shares_local_server(agent_base_url: str | None, side_base_url: str | None) -> bool:
+    """Whether a session's agent and the daemon's side queries use one model server on this
+    machine: a local server, often of one slot, where each side query waits behind the user's
+    requests and evicts their cached prompt (the next request reads it all again)."""
+    return bool(agent_base_url) and endpoint_key(agent_base_url) == endpoint_key(
+        side_base_url) and is_loopback(side_base_url)
 
 
 class Preempted(Exception):

@@ -60,7 +60,7 @@ class Background:
         req = ExtractRequest(session_id=session.id, cwd=session.cwd, project=session.project,
                              history=list(session.history.messages),
                              wrote_memory=session.turn.memory_written_this_turn,
-                             after_turn=True)
+                             after_turn=True, agent_base_url=session.model_base_url)
         ok, _reason = self.extractor.schedule(req)
         if ok:
             scheduled.append("extract")

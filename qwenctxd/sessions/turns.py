@@ -28,7 +28,7 @@ from qwenctxd.instructions.service import InstructionsService
 from qwenctxd.memory.outbound import render_outbound as render_memories
 from qwenctxd.memory.service import MemoryService
 from qwenctxd.model import ModelClient
-from qwenctxd.model.scheduler import endpoint_key, is_loopback
+from qwenctxd.model.scheduler import shares_local_server
 from qwenctxd.protocol import errors
 from qwenctxd.protocol import session as wire
 from qwenctxd.protocol import turn_events as ev
@@ -215,9 +215,7 @@ class TurnPipeline:
         mode = self._settings(s).memory.recall_selector
         if mode != "auto":
             return mode == "on"
-        own = s.model_base_url
-        side = self._model().endpoint.base_url
-        return not (own and endpoint_key(own) == endpoint_key(side) and is_loopback(side))
+        return not shares_local_server(s.model_base_url, self._model().endpoint.base_url)
 
     async def _take_prefetch(self, s: Session, *, wait: bool) -> wire.Reminder | None:
         """The memory reminder of this turn: the best recall answer available — the whole
