@@ -121,10 +121,10 @@ async def test_tool_calls_non_streamed(openai_stub: ScriptedOpenAI) -> None:
 @pytest.mark.asyncio
 async def test_stream_text_and_tool_call_deltas(openai_stub: ScriptedOpenAI) -> None:
     calls = [
-        {"function": {"name": "grep", "arguments": {"pattern": "TODO", "path": "src"}}},
+        {"function": {"name": "grep", "arguments": {"pattern": "deprecated", "path": "src"}}},
         {"id": "call_b", "function": {"name": "ls", "arguments": "{}"}},
     ]
-    text = "I will search the source tree for TODO markers."
+    text = "I will search the source tree for deprecated calls."
     openai_stub.push(Reply(content=text, tool_calls=calls, chunk_chars=4))
     deltas: list[str] = []
 
@@ -138,7 +138,7 @@ async def test_stream_text_and_tool_call_deltas(openai_stub: ScriptedOpenAI) -> 
     assert done.finish_reason == "tool_calls"
     assert [c["function"]["name"] for c in done.tool_calls] == ["grep", "ls"]
     assert json.loads(done.tool_calls[0]["function"]["arguments"]) == {
-        "pattern": "TODO",
+        "pattern": "deprecated",
         "path": "src",
     }
     assert done.tool_calls[0]["id"].startswith("call_") and done.tool_calls[1]["id"] == "call_b"

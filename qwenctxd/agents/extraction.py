@@ -17,9 +17,9 @@ after it instead of one beside each of them (tasks/quiet.py; the run it made red
 returns ``skipped``/``merged`` and records nothing). Unless the setting is given: when the
 session's agent uses the same local model server as the daemon's side queries
 (``shares_local_server``: often one slot), the pause is :data:`SHARED_SERVER_QUIET_S` and the
-bound :data:`SHARED_SERVER_MAX_DEFER_S`:
-a run there evicts the agent's cached prompt, and the agent's next request reads its whole
-prompt again (minutes on a laptop's CPU for Qwen Code's 17k tokens).
+bound :data:`SHARED_SERVER_MAX_DEFER_S`, since a run there evicts the agent's cached prompt
+and the agent's next request reads its whole prompt again (minutes on a laptop's CPU for
+Qwen Code's 17k tokens).
 
 The request carries the session's resolved :class:`~qwenctxd.project.Project`: its settings
 gate and time the run, its anchor keys the job, its root bounds what the agent may read.

@@ -203,6 +203,7 @@ def finish_reason_of(body: Any) -> str | None:
 _PROTOCOL_TAGS = ("<analysis", "</analysis", "<summary", "</summary")
 _LEAKED_CALL_TAGS = re.compile(r"[}\]]\s*</parameter>\s*</function>", re.IGNORECASE)
 _DEGRADED_PLACEHOLDER = "(request timeout)"
+_CUT_PREFIX = CUT_MARKER.split("{", 1)[0]  # "[reply cut off: "
 
 
 def unusable_answer(message: dict[str, Any], finish_reason: str | None) -> bool:
@@ -219,13 +220,13 @@ def unusable_answer(message: dict[str, Any], finish_reason: str | None) -> bool:
         return False
     text = message.get("content")
     text = text.strip() if isinstance(text, str) else ""
-    if not text or CUT_MARKER.split("{", 1)[0] in text or text == _DEGRADED_PLACEHOLDER:
+    if not text or _CUT_PREFIX in text or text == _DEGRADED_PLACEHOLDER:
         return True
     head = text.lower()
-    if any(tag.startswith(head) for tag in _PROTOCOL_TAGS):  # the whole answer: "<summ"
-        return True
     for tag in _PROTOCOL_TAGS:
-        if head.startswith(tag) and (len(head) == len(tag) or head[len(tag)] in " \t\n\r/>"):
+        if tag.startswith(head):  # the whole answer is (the start of) a tag: "<summ"
+            return True
+        if head.startswith(tag) and head[len(tag)] in " \t\n\r/>":
             return True
     return head[:1] in "{[" and _LEAKED_CALL_TAGS.search(text) is not None
 
