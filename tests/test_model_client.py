@@ -446,7 +446,9 @@ async def test_update_switches_endpoint_and_closes_old_client(openai_stub: Scrip
 async def test_update_lets_in_flight_call_finish_on_old_endpoint(
     openai_stub: ScriptedOpenAI,
 ) -> None:
-    openai_stub.push(Reply(content="slow old answer", delay_s=0.3))
+    # the old answer outlasts the new call by far, however loaded the machine: the new call
+    # makes its HTTP client first (in a worker thread), then asks the second server
+    openai_stub.push(Reply(content="slow old answer", delay_s=2.0))
     with ScriptedOpenAI(default=Reply(content="new answer")) as second:
         async with ModelClient(_endpoint(openai_stub.base_url)) as client:
             await client.warm_up()
