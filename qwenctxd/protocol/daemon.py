@@ -7,8 +7,10 @@ from typing import Any
 import msgspec
 
 
-class Params(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """Base of every params struct: unknown fields are refused with their name."""
+class Params(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, omit_defaults=True):
+    """Base of every params struct: unknown fields are refused with their name. A client
+    sends only the fields it sets (a field left at its default is left out), so a daemon that
+    predates an optional field still takes every call that does not use it."""
 
 
 class Empty(Params):
