@@ -12,6 +12,7 @@ import openai
 import pytest
 from proxy_harness import (
     CLIENT_SYSTEM,
+    RunningProxy,
     client,
     forwarded,
     project,
@@ -212,6 +213,44 @@ def test_regenerated_history_goes_to_a_fresh_session_and_stays_valid(setup) -> N
     ids = {s["session_id"] for s in proxy.daemon.call("session.list", {"cwd": str(proj)})[
         "sessions"]}
     assert {first.headers["x-qwenctx-session"], second.headers["x-qwenctx-session"]} <= ids
+
+
+def test_a_new_conversation_opens_with_its_first_turn_and_leaves_an_earlier_one_alone(  # type: ignore[no-untyped-def]
+        setup) -> None:
+    """A new conversation's session is opened with its first turn in one daemon call; when a
+    restarted proxy sees an earlier conversation's first message again (a new conversation
+    that starts the same way), that session is not touched: the turn goes to a fresh one."""
+    proxy, stub, script, proj = setup
+    script.replies += [Reply(content="earlier answer"), Reply(content="a new answer")]
+    base = [{"role": "system", "content": CLIENT_SYSTEM}, {"role": "user", "content": "hello"}]
+    first = client(proxy).chat.completions.with_raw_response.create(
+        model="stub-model", messages=base)  # type: ignore[arg-type]
+    earlier = first.headers["x-qwenctx-session"]
+    up = forwarded(stub)[-1]["messages"]
+    assert [m["role"] for m in up] == ["system", "user"] and "haiku" in up[0]["content"]
+    # another new conversation: one daemon call opens it and takes its turn, one records the
+    # reply (daemon.status counts every request, its own included)
+    script.replies.insert(0, Reply(content="hi back"))
+    before = proxy.daemon.call("daemon.status")["requests"]
+    client(proxy).chat.completions.create(model="stub-model", messages=[  # type: ignore[arg-type]
+        base[0], {"role": "user", "content": "another question"}])
+    assert proxy.daemon.call("daemon.status")["requests"] - before == 3
+    proxy.stop()
+    again = RunningProxy(proxy.daemon, stub.base_url, proj)
+    try:
+        second = client(again).chat.completions.with_raw_response.create(
+            model="stub-model", messages=base)  # type: ignore[arg-type]
+        assert second.parse().choices[0].message.content == "a new answer"
+        assert second.headers["x-qwenctx-session"] != earlier
+        assert [m["role"] for m in forwarded(stub)[-1]["messages"]] == ["system", "user"]
+    finally:
+        again.stop()
+    rows = {s["session_id"]: s["messages"] for s in
+            proxy.daemon.call("session.list", {"cwd": str(proj)})["sessions"]}
+    assert rows[earlier] == 2 and rows[second.headers["x-qwenctx-session"]] == 2
+    entries = proxy.daemon.call("session.transcript", {"session_id": earlier})["entries"]
+    said = [e["text"] for e in entries if e["role"] in ("user", "assistant")]
+    assert len(said) == 2 and said[0].endswith("hello") and said[1] == "earlier answer"
 
 
 def test_daemon_restart_mid_conversation(setup) -> None:  # type: ignore[no-untyped-def]

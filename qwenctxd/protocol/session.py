@@ -38,6 +38,9 @@ class OpenParams(Params):
     # the OpenAI-compatible base URL the client's agent sends its requests to (the proxy's
     # upstream): the daemon's side queries yield to this session's requests on that server
     model_base_url: str | None = None
+    # the session's first turn, run in the same call when the opened session holds no
+    # messages (a new conversation: one round trip instead of open + turn)
+    first_turn: FirstTurn | None = None
 
 
 class OpenResult(msgspec.Struct, kw_only=True):
@@ -51,6 +54,9 @@ class OpenResult(msgspec.Struct, kw_only=True):
     window_source: str = "default"
     torn_lines: list[int] = msgspec.field(default_factory=list)
     warnings: list[str] = msgspec.field(default_factory=list)
+    # the prompt of ``first_turn`` when it ran; left out of the reply when it did not (the
+    # session already held messages, or no first turn was asked for)
+    prompt: AssembledPrompt | msgspec.UnsetType = msgspec.UNSET
 
 
 class ToolResult(msgspec.Struct, kw_only=True):
@@ -76,6 +82,22 @@ class TurnParams(Params):
     active_tools: list[str] | None = None
     # the client's copy of the history: with a matching epoch only what is new comes back
     known: KnownHistory | None = None
+
+
+class FirstTurn(Params):
+    """``session.open``'s ``first_turn``: a :class:`TurnParams` without ``session_id`` (the
+    opened session's) and ``known`` (nothing is known of a new session)."""
+    kind: Literal["user", "tool_results", "cron"]
+    text: str | None = None
+    images: list[dict[str, Any]] | None = None
+    tool_results: list[ToolResult] | None = None
+    touched_paths: list[str] | None = None
+    active_tools: list[str] | None = None
+
+    def turn_params(self, session_id: str) -> TurnParams:
+        return TurnParams(session_id=session_id, kind=self.kind, text=self.text,
+                          images=self.images, tool_results=self.tool_results,
+                          touched_paths=self.touched_paths, active_tools=self.active_tools)
 
 
 class Thresholds(msgspec.Struct, kw_only=True):

@@ -1,5 +1,6 @@
-"""Handlers of the ``session.*`` family: each a one-line delegation to the session manager
-or the turn pipeline."""
+"""Handlers of the ``session.*`` family: each a delegation to the session manager or the turn
+pipeline (``session.open`` with ``first_turn``: to both, the turn only on a session with no
+messages yet)."""
 
 from __future__ import annotations
 
@@ -29,7 +30,10 @@ class SessionHandlers:
     @handler(methods.SESSION_OPEN)
     async def open_session(self, ctx: Connection, p: wire.OpenParams) -> wire.OpenResult:
         cwd, project = checked_project(self.projects, p.cwd)
-        return await self.sessions.open(project, cwd, p)
+        opened = await self.sessions.open(project, cwd, p)
+        if p.first_turn is not None and opened.messages == 0:
+            opened.prompt = await self.turns.turn(p.first_turn.turn_params(opened.session_id))
+        return opened
 
     @handler(methods.SESSION_TURN, quiet=True)
     async def turn(self, ctx: Connection, p: wire.TurnParams) -> wire.AssembledPrompt:

@@ -23,8 +23,9 @@ from typing import Any
 import anyio
 import structlog
 
-from qwenctl.proxy.conversation import Conversation, fingerprint, steps
+from qwenctl.proxy.conversation import Conversation, Step, fingerprint, steps
 from qwenctl.proxy.reply import unusable_answer
+from qwenctxd.client import RemoteError
 from qwenctxd.client.history import SessionHistory
 from qwenctxd.protocol import instructions as iwire
 from qwenctxd.protocol import methods
@@ -63,6 +64,9 @@ class SessionMap:
         self._extra: dict[tuple[str, str, str], str] = {}
         #: added to every session.open of the current request (the upstream's URL and window)
         self.open_params: dict[str, Any] = {}
+        #: whether the daemon takes ``session.open``'s ``first_turn`` (off for this proxy's
+        #: life once a daemon refused it)
+        self.first_turn = True
 
     def state(self, key: str) -> Mapped:
         st = self._states.get(key)
@@ -77,15 +81,32 @@ class SessionMap:
         return st
 
     async def _open(self, st: Mapped, session_id: str, cwd: str, model: str,
-                    tools: list[dict[str, Any]] | None) -> int:
-        params = swire.OpenParams(cwd=cwd, model=model, session_id=session_id,
-                                  tools=tools or None, **self.open_params)
-        res = await self.daemon.request(methods.SESSION_OPEN, params)
+                    tools: list[dict[str, Any]] | None,
+                    first: Step | None = None) -> tuple[int, dict[str, Any] | None]:
+        """Open ``session_id`` for ``st``: the messages it already held, and the prompt of
+        ``first`` (the conversation's one turn: a user turn) when the daemon ran it in the same
+        call — it does only for a session that held no messages."""
+        params = swire.OpenParams(
+            cwd=cwd, model=model, session_id=session_id, tools=tools or None,
+            first_turn=swire.FirstTurn(kind="user", text=first.text, images=first.images or None)
+            if first is not None else None,
+            **self.open_params)
+        try:
+            res = await self.daemon.call(methods.SESSION_OPEN, params)  # JSON: its prompt goes on
+        except RemoteError as exc:
+            if first is None or not (isinstance(exc.data, dict)
+                                     and exc.data.get("field") == "first_turn"):
+                raise
+            # a daemon older than first_turn (upgraded, not yet restarted): open, then turn
+            log.info("proxy: the daemon takes no first_turn; opening and turning apart")
+            self.first_turn = False
+            return await self._open(st, session_id, cwd, model, tools)
         st.session_id, st.fps, st.pending, st.awaiting, st.last_prompt = (
-            res.session_id, [], [], False, None)
+            res["session_id"], [], [], False, None)
         st.roles = []
-        st.view = SessionHistory(res.session_id)
-        return res.messages
+        st.view = SessionHistory(res["session_id"])
+        prompt = res.get("prompt")
+        return res["messages"], st.view.full_prompt(prompt) if prompt is not None else None
 
     async def map(self, st: Mapped, *, cwd: str, model: str, conv: Conversation,
                   tools: list[dict[str, Any]] | None) -> dict[str, Any]:
@@ -94,14 +115,24 @@ class SessionMap:
         roles, fps = conv.roles, conv.fps
         start = 0
         if st.session_id is None:
-            known = await self._open(st, st.key, cwd, model, tools)
+            # a conversation that is one user turn (every new one) opens and takes that turn
+            # in one call to the daemon
+            first = steps(conv.dialogue_from(0), []) \
+                if self.first_turn and "assistant" not in roles else []
+            first_turn = first[0] if len(first) == 1 and first[0].kind == "user" else None
+            known, prompt = await self._open(st, st.key, cwd, model, tools, first_turn)
+            if prompt is not None:
+                return self._mapped(st, conv, prompt)
             last_reply = max((i for i, r in enumerate(roles) if r == "assistant"), default=-1)
             if known and last_reply >= 0:  # the daemon has this conversation (proxy restarted)
                 start = last_reply + 1
                 reply = conv.dialogue_from(last_reply)[0]
                 st.pending = [c["id"] for c in reply.get("tool_calls") or []]
             elif known:  # same first message, but a new conversation
-                await self._open(st, str(uuid.uuid4()), cwd, model, tools)
+                known, prompt = await self._open(st, str(uuid.uuid4()), cwd, model, tools,
+                                                 first_turn)
+                if prompt is not None:
+                    return self._mapped(st, conv, prompt)
         else:
             mapped = len(st.fps)
             if fps[:mapped] == st.fps:  # the usual case: the history goes on (one C compare)
@@ -139,8 +170,13 @@ class SessionMap:
             else:
                 prompt = await st.view.aturn(self.daemon, step.turn_params(st.session_id))
         assert prompt is not None  # conversation.parse refuses a history ending in a reply
-        st.fps, st.awaiting, st.pending, st.last_prompt = fps, True, [], prompt  # conv's own lists
-        st.roles, st.reply_failed = roles, False
+        return self._mapped(st, conv, prompt)
+
+    @staticmethod
+    def _mapped(st: Mapped, conv: Conversation, prompt: dict[str, Any]) -> dict[str, Any]:
+        """``st`` after ``conv`` was mapped up to its last turn, whose ``prompt`` goes on."""
+        st.fps, st.awaiting, st.pending, st.last_prompt = conv.fps, True, [], prompt  # conv's own
+        st.roles, st.reply_failed = conv.roles, False
         return prompt
 
     @staticmethod
