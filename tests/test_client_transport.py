@@ -144,3 +144,30 @@ def test_the_blocking_client_imports_no_anyio() -> None:
             "print('anyio' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_async_client_calls_fail_at_once_after_the_daemon_went_away() -> None:
+    """A call on a connection the daemon closed raises ConnectionLost, both the one waiting when
+    it went and one made after (a write to a closed socket fails only later, if ever: the call
+    must not wait for a reply nobody will read)."""
+    client_end, daemon_end = socket.socketpair()
+
+    async def main() -> None:
+        transport = await StreamTransport.connected(client_end)
+        async with AsyncClient(transport=transport) as c:
+            with anyio.fail_after(5):
+                async with anyio.create_task_group() as tg:
+                    async def waiting() -> None:
+                        with pytest.raises(qc.ConnectionLost):
+                            await c.request(methods.DAEMON_PING)
+
+                    tg.start_soon(waiting)
+                    # the daemon's end reads the request (so the call is waiting), then goes
+                    sent = await anyio.to_thread.run_sync(daemon_end.recv, 4096)
+                    assert sent.startswith(b'{"jsonrpc"')
+                    daemon_end.close()
+                for _ in range(2):
+                    with pytest.raises(qc.ConnectionLost):
+                        await c.request(methods.DAEMON_PING)
+
+    anyio.run(main)

@@ -46,6 +46,7 @@ class AsyncClient:
         self._replies: dict[int, dict[str, Any]] = {}
         self._tg: anyio.abc.TaskGroup | None = None
         self._closed_reason: str | None = None
+        self._reading = False  # the reader task runs: someone will answer a pending call
 
     async def __aenter__(self) -> AsyncClient:
         if self.transport is None:
@@ -56,6 +57,7 @@ class AsyncClient:
         )
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
+        self._reading = True
         self._tg.start_soon(self._reader)
         return self
 
@@ -84,6 +86,7 @@ class AsyncClient:
         except ConnectionLost:
             self._closed_reason = "daemon closed the connection"
         finally:
+            self._reading = False
             for ev in self._pending.values():
                 ev.set()
 
@@ -103,7 +106,8 @@ class AsyncClient:
         ev = self._pending[rid] = anyio.Event()
         try:
             await self.send_raw(body)
-            await ev.wait()
+            if self._reading:  # else the connection is gone: a write to it fails later, if ever
+                await ev.wait()
         finally:
             self._pending.pop(rid, None)
         reply = self._replies.pop(rid, None)

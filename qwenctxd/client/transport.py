@@ -10,7 +10,7 @@ Two layers, as httpx separates its transports from its clients:
 * a transport — moves whole frames: ``send(body)`` frames one JSON body with the connection's
   framing (:mod:`qwenctxd.protocol.framing`), ``receive()`` returns the next frame cut by the
   shared ``FrameDecoder``. :class:`SocketTransport` (here) is the blocking one over a Unix
-  stream socket; :class:`qwenctxd.client.aio_transport.StreamTransport` the anyio one. Both
+  stream socket; :class:`qwenctxd.client.aio_transport.StreamTransport` the async one. Both
   turn OS errors into ``DaemonUnreachable`` (connecting) or ``ConnectionLost`` (later).
 
 A transport is built from a socket path or from a socket that is already connected — a test
