@@ -40,7 +40,7 @@ class OpenParams(Params):
     model_base_url: str | None = None
     # the session's first turn, run in the same call when the opened session holds no
     # messages (a new conversation: one round trip instead of open + turn)
-    first_turn: FirstTurn | None = None
+    first_turn: TurnInput | None = None
 
 
 class OpenResult(msgspec.Struct, kw_only=True):
@@ -72,21 +72,9 @@ class KnownHistory(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     count: int
 
 
-class TurnParams(Params):
-    session_id: str
-    kind: Literal["user", "tool_results", "cron"]
-    text: str | None = None
-    images: list[dict[str, Any]] | None = None
-    tool_results: list[ToolResult] | None = None
-    touched_paths: list[str] | None = None
-    active_tools: list[str] | None = None
-    # the client's copy of the history: with a matching epoch only what is new comes back
-    known: KnownHistory | None = None
-
-
-class FirstTurn(Params):
-    """``session.open``'s ``first_turn``: a :class:`TurnParams` without ``session_id`` (the
-    opened session's) and ``known`` (nothing is known of a new session)."""
+class TurnInput(Params):
+    """What a turn brings: ``session.turn``'s params but the session and ``known``; alone, it
+    is ``session.open``'s ``first_turn``."""
     kind: Literal["user", "tool_results", "cron"]
     text: str | None = None
     images: list[dict[str, Any]] | None = None
@@ -95,9 +83,14 @@ class FirstTurn(Params):
     active_tools: list[str] | None = None
 
     def turn_params(self, session_id: str) -> TurnParams:
-        return TurnParams(session_id=session_id, kind=self.kind, text=self.text,
-                          images=self.images, tool_results=self.tool_results,
-                          touched_paths=self.touched_paths, active_tools=self.active_tools)
+        """These inputs as a ``session.turn`` of ``session_id`` (nothing known of it)."""
+        return TurnParams(session_id=session_id, **msgspec.structs.asdict(self))
+
+
+class TurnParams(TurnInput, kw_only=True):
+    session_id: str
+    # the client's copy of the history: with a matching epoch only what is new comes back
+    known: KnownHistory | None = None
 
 
 class Thresholds(msgspec.Struct, kw_only=True):

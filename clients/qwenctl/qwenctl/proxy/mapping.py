@@ -88,7 +88,7 @@ class SessionMap:
         call — it does only for a session that held no messages."""
         params = swire.OpenParams(
             cwd=cwd, model=model, session_id=session_id, tools=tools or None,
-            first_turn=swire.FirstTurn(kind="user", text=first.text, images=first.images or None)
+            first_turn=swire.TurnInput(kind="user", text=first.text, images=first.images or None)
             if first is not None else None,
             **self.open_params)
         try:
